@@ -1,0 +1,72 @@
+"""Checks about the run itself: did the script fail, did it train at all."""
+from __future__ import annotations
+
+from diag.findings import Finding, Severity
+from diag.registry import check
+
+from ._util import loc, passed
+
+
+@check(id="run.failed", title="The script failed", severity="error", needs=["run", "ranks.exceptions"],
+       tags=["run"])
+def run_failed(ev):
+    """The script raised an exception (or exited with a non-zero status). The traceback is shown;
+    out-of-memory errors are diagnosed by `memory.oom`. Exit code 3 from `diag check`."""
+    run = ev.run
+    if run.status not in ("failed", "oom", "killed"):
+        yield passed("run.failed", "The script did not fail", f"The run ended with status '{run.status}'.")
+        return
+    excs = [(r.rank, e) for r in ev.ranks for e in r.exceptions]
+    if excs:
+        rank, exc = excs[0]
+        where = f" on rank {rank}" if ev.multi_rank else ""
+        yield Finding(
+            id="run.failed", severity=Severity.ERROR, title="The script failed",
+            message=f"The script raised {exc.type}{where} after {exc.step or 0} training step(s): "
+                    f"{exc.message.splitlines()[0][:300] if exc.message else exc.type}.",
+            evidence={"type": exc.type, "step": exc.step, "rank": rank, "is_oom": exc.is_oom,
+                      "traceback": exc.traceback},
+            why="Nothing after the failure was observed; the findings below cover what ran before it.",
+            fix="Read the traceback (shown above and in the run's log); "
+                + ("see memory.oom for the out-of-memory diagnosis." if exc.is_oom else "fix the error and run again."),
+            location=loc(exc.location),
+        )
+    else:
+        yield Finding(
+            id="run.failed", severity=Severity.ERROR, title="The script failed",
+            message=f"The script ended with status '{run.status}' (exit code {run.exit_code})"
+                    + (f": {run.stop_reason}." if run.stop_reason else "."),
+            evidence={"status": run.status, "exit_code": run.exit_code, "reason": run.stop_reason},
+            fix="Look at the end of the run's log for the cause" + (f" ({run.log_path})." if run.log_path else "."),
+        )
+
+
+@check(id="run.no-steps", title="No training step observed", severity="error",
+       needs=["ranks.steps", "ranks.forwards"], tags=["run"])
+def run_no_steps(ev):
+    """No training step was observed: no optimizer.step() and no backward() through a model's
+    output. Usually the wrong script, a script that exits early, or training code diag cannot see
+    (a model that is not a torch.nn.Module)."""
+    total = sum(r.step_stats.count for r in ev.ranks)
+    if total > 0:
+        yield passed("run.no-steps", "Training steps observed", f"{total} training step(s) observed.",
+                     steps=total)
+        return
+    if ev.run.status in ("failed", "oom") and any(r.exceptions for r in ev.ranks):
+        sev = Severity.WARNING
+        why = "The script failed before its first training step completed."
+    else:
+        sev = Severity.ERROR
+        why = "Without steps, no performance check can judge this run."
+    forwards = sum(s.count for r in ev.ranks for s in r.forwards)
+    yield Finding(
+        id="run.no-steps", severity=sev, title="No training step observed",
+        message=f"No training step was observed in {ev.run.wall_s or 0:.1f} s "
+                f"({forwards} model forward(s), {sum(r.backward_calls for r in ev.ranks)} backward(s), "
+                f"{sum(o.steps for r in ev.ranks for o in r.optimizers)} optimizer step(s)).",
+        evidence={"forwards": forwards, "status": ev.run.status, "wall_s": ev.run.wall_s},
+        why=why,
+        fix="Check that this is the training script and that its arguments make it train "
+            "(a --help or a dry-run flag exits early); diag sees torch.nn.Module forwards, "
+            "backward() and torch.optim optimizer steps.",
+    )

@@ -1,0 +1,3 @@
+from diag.cli import entry
+
+entry()

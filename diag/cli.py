@@ -1,0 +1,94 @@
+"""The ``diag`` command line. Importing this module must stay cheap: no torch, no textual.
+
+Each sub-command lives in ``diag/commands/<name>.py`` with ``add_arguments(parser)`` and
+``run(args) -> int``; heavy imports happen inside ``run``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from diag import __version__
+from diag.errors import DiagError, ExitCode
+
+# name -> (module, one-line help). Order is the order in `diag --help`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("diag.commands.check", "run a training script under the probe and report findings (CI-friendly)"),
+    "checks": ("diag.commands.checks", "list every check: id, severity, what it looks for and its source"),
+    "demo": ("diag.commands.demo", "run `diag check` on a bundled training script with planted problems"),
+}
+
+EPILOG = """\
+examples:
+  diag demo                                          see what diag finds in a script with planted problems
+  diag check --script train.py -- --epochs 1         run train.py (with its own arguments) and report
+  diag check --script train.py --steps 50 --format json > report.json
+  diag check --from .diag/runs/<id>/evidence.json    re-judge a saved run; executes nothing
+  diag checks                                        the catalogue of checks
+
+exit codes: 0 nothing at or above --fail-on · 1 findings at or above it · 2 usage or bad input
+            3 the script failed (its traceback is shown, findings still come out) · 130 interrupted
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one sentence, exit 2
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"diag: error: {message}\n")
+        sys.exit(ExitCode.USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="diag", description="Find out why a PyTorch training job is slow or runs out of "
+                     "memory, and what to change.", epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"diag {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (modname, help_text) in COMMANDS.items():
+        mod = importlib.import_module(modname)
+        p = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
+                           epilog=getattr(mod, "EPILOG", None),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Everything after the first ``--`` belongs to the user's script."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, script_args = split_script_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    args.script_args = script_args
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return ExitCode.USAGE
+    try:
+        return int(args._module.run(args))
+    except DiagError as e:
+        sys.stderr.write(f"diag: error: {e.message}\n")
+        if e.hint:
+            sys.stderr.write(f"hint: {e.hint}\n")
+        return e.code
+    except KeyboardInterrupt:
+        sys.stderr.write("diag: interrupted\n")
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        return ExitCode.OK
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

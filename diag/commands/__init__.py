@@ -1,0 +1,1 @@
+"""Sub-commands of the ``diag`` CLI (one module each; see diag/cli.py)."""

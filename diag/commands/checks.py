@@ -1,0 +1,52 @@
+"""``diag checks``: the catalogue."""
+from __future__ import annotations
+
+import json
+import sys
+
+DESCRIPTION = "List every check diag knows (built-in and plugins): id, default severity, what it looks for."
+EPILOG = """\
+examples:
+  diag checks                        a table
+  diag checks --format markdown      the catalogue as Markdown (the README's is generated this way)
+  diag checks --format json
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+
+
+def markdown(specs) -> str:
+    lines = ["| id | default severity | what it looks for | source |", "|---|---|---|---|"]
+    for s in specs:
+        desc = " ".join(s.description.split()).replace("|", "\\|")
+        src = f"[docs]({s.docs})" if s.docs else ""
+        if s.source != "builtin":
+            src = (src + " " if src else "") + f"plugin: {s.source}"
+        lines.append(f"| `{s.id}` | {s.severity} | {desc} | {src} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(args) -> int:
+    from diag.registry import Registry
+
+    reg = Registry.discover()
+    if args.format == "json":
+        print(json.dumps([s.to_dict() for s in reg.specs], indent=2))
+    elif args.format == "markdown":
+        sys.stdout.write(markdown(reg.specs))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"{len(reg.specs)} checks", show_lines=False)
+        t.add_column("id", style="bold", no_wrap=True)
+        t.add_column("severity")
+        t.add_column("what it looks for")
+        for s in reg.specs:
+            t.add_row(s.id, s.severity, " ".join(s.description.split()))
+        Console().print(t)
+    for p in reg.problems:
+        print(f"diag: warning: plugin {p.entry_point} failed to load: {p.error}", file=sys.stderr)
+    return 0

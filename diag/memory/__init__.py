@@ -1,0 +1,1 @@
+"""Memory: OOM parsing, live breakdown, fake-tensor peak estimation and batch-size planning."""

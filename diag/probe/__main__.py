@@ -1,0 +1,90 @@
+"""``python -m diag.probe SCRIPT [ARGS...]``: run SCRIPT as ``__main__`` under the probe.
+
+Started by diag's runner in a child process (or in every rank under torchrun). Configured by
+environment variables:
+
+- ``DIAG_EVENTS``: the JSON-lines file to append events to (required). Under torchrun, a ``{rank}``
+  placeholder in it is replaced by the rank.
+- ``DIAG_MAX_STEPS``: stop the script after this many training steps.
+
+Exit status: the script's own (0 when diag stopped it at a limit, 1 for an uncaught exception).
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print("usage: python -m diag.probe SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    script = os.path.abspath(sys.argv[1])
+    args = sys.argv[2:]
+    rank = int(os.environ.get("RANK", "0") or 0)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    events = os.environ.get("DIAG_EVENTS")
+    if not events:
+        print("diag.probe: DIAG_EVENTS is not set", file=sys.stderr)
+        return 2
+    events = events.replace("{rank}", str(rank))
+    max_steps = os.environ.get("DIAG_MAX_STEPS")
+
+    from diag.probe.core import DiagStop, FileSink, Probe, is_oom
+    from diag.probe.extensions import load_extensions
+
+    sink = FileSink(events)
+    probe = Probe(sink, max_steps=int(max_steps) if max_steps else None, rank=rank,
+                  local_rank=local_rank, world_size=world, extensions=load_extensions(), script=script)
+
+    def on_term(signum, frame):
+        raise DiagStop("terminated by diag", "stopped")
+
+    signal.signal(signal.SIGTERM, on_term)
+
+    sys.argv = [script] + args
+    sys.path.insert(0, os.path.dirname(script))
+    probe.install()
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+        probe.finish("completed", 0)
+    except DiagStop as e:
+        probe.finish(e.status, 0, reason=e.reason)
+    except SystemExit as e:
+        c = e.code
+        if c is None or c == 0:
+            probe.finish("completed", 0)
+        else:
+            code = c if isinstance(c, int) else 1
+            if not isinstance(c, int):
+                print(c, file=sys.stderr)
+            probe.finish("failed", code, reason=f"the script called sys.exit({c!r})")
+    except KeyboardInterrupt as e:
+        code = 130
+        probe.finish("interrupted", code, exception=e)
+    except BaseException as e:  # the user's own error: show their traceback, record it
+        from diag.probe.core import exception_info
+
+        code = 1
+        info = exception_info(e, probe.steps_done, script)
+        sys.stderr.write(info["traceback"])
+        sys.stderr.flush()
+        probe.finish("oom" if is_oom(e) else "failed", code, exception=e)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        probe.uninstall()
+        sink.close()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

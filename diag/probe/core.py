@@ -1,0 +1,898 @@
+"""The probe: hooks installed inside the user's process that turn a training run into events.
+
+Everything here runs in the user's process, on their hot path: keep each hook cheap (no I/O
+except one JSON line per step, no allocation proportional to tensors, no synchronisation).
+
+Events are dicts ``{"kind": ..., "t": seconds since install, "rank": r, ...}`` handed to a sink
+(a JSON-lines file for ``python -m diag.probe``, a callback for ``diag.watch()``). The folding of
+events into Evidence is in :mod:`diag.fold` (which must stay torch-free).
+
+Extensions (``diag.probe.extensions``) add their own observations through a small interface:
+``install(probe)``, ``uninstall(probe)``, ``on_model(probe, module, info)``,
+``on_forward(probe, module, args, kwargs, output, training)`` (top-level training forwards only),
+``on_step_end(probe, step)`` (``step`` is the step event dict, still mutable: extensions may add
+keys to ``step["extra"]``), ``on_step_start(probe, index)``, ``on_exit(probe, status)``.
+Each may be absent. An extension that raises is disabled and reported once (``probe_error``
+event), never breaking the user's run.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any, Callable
+
+_DIAG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DEMO_DIR = os.path.join(_DIAG_DIR, "demo") + os.sep   # the bundled demos are user code
+
+
+class DiagStop(BaseException):
+    """Raised inside the user's script to end it at a step or time limit (unwinds like Ctrl-C,
+    so the script's ``finally`` blocks and DataLoader shutdown still run)."""
+
+    def __init__(self, reason: str, status: str = "stopped"):
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+# ---------------------------------------------------------------------------------------------------
+# sinks
+
+class FileSink:
+    """One JSON object per line, flushed per event: a crash or kill loses nothing already written."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._f = open(path, "a", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()
+
+    def __call__(self, event: dict) -> None:
+        line = json.dumps(event, default=str, allow_nan=False) if _finite(event) else \
+            json.dumps(_scrub(event), default=str)
+        with self._lock:
+            self._f.write(line + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        except Exception:
+            pass
+
+
+def _finite(obj: Any) -> bool:
+    try:
+        json.dumps(obj, default=str, allow_nan=False)
+        return True
+    except ValueError:
+        return False
+
+
+def _scrub(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: _scrub(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_scrub(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+
+def user_frame(start_depth: int = 2):
+    """The innermost frame that is not inside torch, diag or the standard library's runpy."""
+    f = sys._getframe(start_depth)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (_is_library_file(fn)):
+            return f
+        f = f.f_back
+    return None
+
+
+_LIB_CACHE: dict[str, bool] = {}
+
+
+def _is_library_file(fn: str) -> bool:
+    r = _LIB_CACHE.get(fn)
+    if r is None:
+        r = (
+            fn.startswith("<")
+            or f"{os.sep}torch{os.sep}" in fn
+            or (fn.startswith(_DIAG_DIR + os.sep) and not fn.startswith(_DEMO_DIR))
+            or f"{os.sep}runpy.py" in fn
+            or f"{os.sep}contextlib.py" in fn
+            or f"{os.sep}threading.py" in fn
+            or f"{os.sep}functools.py" in fn
+        )
+        _LIB_CACHE[fn] = r
+    return r
+
+
+def frame_location(f) -> dict | None:
+    if f is None:
+        return None
+    return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name}
+
+
+def first_tensor(obj, depth: int = 0):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if depth > 2:
+        return None
+    if isinstance(obj, (list, tuple)):
+        for o in obj[:8]:
+            t = first_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    elif isinstance(obj, dict):
+        for o in list(obj.values())[:8]:
+            t = first_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def grad_tensor(obj, depth: int = 0):
+    """The first tensor in a forward's output that requires grad (None when none does)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.requires_grad else None
+    if depth > 2:
+        return None
+    if isinstance(obj, (list, tuple)):
+        for o in obj[:8]:
+            t = grad_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    elif isinstance(obj, dict):
+        for o in list(obj.values())[:8]:
+            t = grad_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def batch_size_of(args, kwargs) -> tuple[int | None, int | None, list, list]:
+    """(samples, tokens, shapes, dtypes) from a forward's inputs: samples is dim 0 of the first
+    tensor; tokens is its numel when it is a 2-D integer tensor (token ids)."""
+    t = first_tensor(args) if args else None
+    if t is None and kwargs:
+        t = first_tensor(kwargs)
+    if t is None or t.dim() == 0:
+        return None, None, [], []
+    samples = int(t.shape[0])
+    tokens = None
+    if t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
+        tokens = int(t.numel())
+    return samples, tokens, [list(t.shape)], [str(t.dtype).replace("torch.", "")]
+
+
+def wrappers_of(module) -> tuple[str, list[str], Any]:
+    """(innermost class name, wrapper names, innermost module)."""
+    wrappers = []
+    inner = module
+    for _ in range(4):
+        name = type(inner).__name__
+        if name in ("DataParallel", "DistributedDataParallel", "FullyShardedDataParallel") and hasattr(inner, "module"):
+            wrappers.append(name)
+            inner = inner.module
+        elif name == "OptimizedModule" and hasattr(inner, "_orig_mod"):
+            wrappers.append("compiled")
+            inner = inner._orig_mod
+        else:
+            break
+    return type(inner).__name__, wrappers, inner
+
+
+MAX_LAYER_SHAPES = 200
+
+
+def describe_model(module, model_id: int) -> dict:
+    import torch
+
+    cls, wrappers, inner = wrappers_of(module)
+    total = trainable = pbytes = 0
+    dtypes: dict[str, None] = {}
+    devices: dict[str, None] = {}
+    for p in module.parameters():
+        n = p.numel()
+        total += n
+        if p.requires_grad:
+            trainable += n
+        pbytes += n * p.element_size()
+        dtypes[str(p.dtype).replace("torch.", "")] = None
+        devices[str(p.device)] = None
+    bbytes = 0
+    for b in module.buffers():
+        bbytes += b.numel() * b.element_size()
+        devices.setdefault(str(b.device), None)
+    module_types: dict[str, int] = {}
+    layer_shapes: list[dict] = []
+    n_modules = 0
+    for m in inner.modules():
+        n_modules += 1
+        name = type(m).__name__
+        module_types[name] = module_types.get(name, 0) + 1
+        if len(layer_shapes) < MAX_LAYER_SHAPES:
+            if isinstance(m, torch.nn.Linear):
+                layer_shapes.append({"type": "Linear", "in": m.in_features, "out": m.out_features})
+            elif isinstance(m, torch.nn.Embedding):
+                layer_shapes.append({"type": "Embedding", "in": m.num_embeddings, "out": m.embedding_dim})
+            elif isinstance(m, torch.nn.modules.conv._ConvNd):
+                layer_shapes.append({"type": name, "in": m.in_channels, "out": m.out_channels})
+    ddp: dict[str, Any] = {}
+    if "DistributedDataParallel" in wrappers:
+        ddp_mod = module
+        while type(ddp_mod).__name__ != "DistributedDataParallel":
+            ddp_mod = ddp_mod.module
+        ddp = {
+            "find_unused_parameters": bool(getattr(ddp_mod, "find_unused_parameters", False)),
+            "gradient_as_bucket_view": bool(getattr(ddp_mod, "gradient_as_bucket_view", False)),
+            "static_graph": bool(getattr(ddp_mod, "static_graph", False)),
+            "broadcast_buffers": bool(getattr(ddp_mod, "broadcast_buffers", True)),
+            "device_ids": [str(d) for d in (getattr(ddp_mod, "device_ids", None) or [])],
+        }
+    return {
+        "id": model_id, "cls": cls, "wrappers": wrappers, "params_total": total,
+        "params_trainable": trainable, "param_bytes": pbytes, "buffer_bytes": bbytes,
+        "dtypes": list(dtypes), "devices": list(devices) or ["cpu"], "n_modules": n_modules,
+        "module_types": module_types, "layer_shapes": layer_shapes, "ddp": ddp,
+    }
+
+
+ENV_ALLOWLIST = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE",
+    "TORCH_CUDNN_V8_API_ENABLED", "CUBLAS_WORKSPACE_CONFIG", "TORCH_DISTRIBUTED_DEBUG",
+    "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_PROCID",
+)
+
+
+def environment() -> dict:
+    import platform
+
+    import torch
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "cuda_available": False,
+        "device_count": 0,
+        "devices": [],
+        "mps_available": False,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "anomaly_detection": bool(torch.is_anomaly_enabled()),
+        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_count_logical": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "env": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
+    }
+    try:
+        env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:
+        pass
+    try:
+        # is_available() does not initialise CUDA in the parent of forked DataLoader workers
+        if torch.cuda.is_available():
+            env["cuda_available"] = True
+            env["device_count"] = torch.cuda.device_count()
+            for i in range(env["device_count"]):
+                p = torch.cuda.get_device_properties(i)
+                env["devices"].append({
+                    "index": i, "name": p.name, "type": "cuda", "capability": [p.major, p.minor],
+                    "total_memory": int(p.total_memory),
+                    "multi_processor_count": int(getattr(p, "multi_processor_count", 0)) or None,
+                })
+    except Exception:
+        pass
+    try:
+        env["mps_available"] = bool(torch.backends.mps.is_available())
+    except Exception:
+        pass
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------
+# the probe
+
+class _Step:
+    __slots__ = ("index", "start", "data_s", "forward_s", "backward_s", "optimizer_s", "eval_s",
+                 "n_forward", "n_backward", "samples", "tokens", "instrumented", "extra")
+
+    def __init__(self, index: int, start: float):
+        self.index = index
+        self.start = start
+        self.data_s = self.forward_s = self.backward_s = self.optimizer_s = self.eval_s = 0.0
+        self.n_forward = self.n_backward = 0
+        self.samples = self.tokens = None
+        self.instrumented = False
+        self.extra: dict = {}
+
+
+class Probe:
+    def __init__(self, sink: Callable[[dict], None], *, max_steps: int | None = None,
+                 rank: int = 0, local_rank: int = 0, world_size: int = 1,
+                 extensions: list | None = None, script: str | None = None):
+        self.sink = sink
+        self.max_steps = max_steps
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.script = script
+        self.t0 = time.perf_counter()
+        self.wall0 = time.time()
+        self.pid = os.getpid()
+        self.active = False
+        self._forked = False
+        self._handles: list = []
+        self._patches: list[tuple[Any, str, Any]] = []
+        self.extensions = list(extensions or [])
+        # state
+        self._depth = 0
+        self._top_start = 0.0
+        self._top_module = None
+        self._in_data = 0
+        self._in_backward = False
+        self._bwd_start = 0.0
+        self._opt_start: dict[int, float] = {}
+        self._any_optimizer_step = False
+        self._manual_mode: bool | None = None   # decided once, when the first backward ends a step
+        self.steps_done = 0
+        self.epoch = 0
+        self._step: _Step | None = None
+        self._last_boundary: float | None = None
+        self._models: dict[int, int] = {}        # id(module) -> model id
+        self._model_refs: dict[int, Any] = {}    # model id -> weakref
+        self._sites: dict[tuple, dict] = {}
+        self._site_counts: dict[str, int] = {}
+        self._site_dirty: set[str] = set()
+        self._loaders: dict[int, dict] = {}      # id(loader) -> info
+        self._loader_refs: dict[int, Any] = {}
+        self._optimizers: dict[int, dict] = {}
+        self.last_model = None                   # weakref to the last top-level training model
+        self.errors_reported: set[str] = set()
+        self._env_refreshed = False
+        self.lock = threading.RLock()
+
+    # ---- events ------------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def emit(self, kind: str, **data) -> None:
+        if self._forked:
+            return
+        data["kind"] = kind
+        data["t"] = round(self.now(), 6)
+        data["rank"] = self.rank
+        try:
+            self.sink(data)
+        except Exception as e:  # never break the user's run because of our output
+            self._report_error("sink", e)
+
+    def _report_error(self, where: str, e: BaseException) -> None:
+        if where in self.errors_reported:
+            return
+        self.errors_reported.add(where)
+        try:
+            self.sink({"kind": "probe_error", "t": self.now(), "rank": self.rank, "where": where,
+                       "error": f"{type(e).__name__}: {e}",
+                       "traceback": traceback.format_exc(limit=8)})
+        except Exception:
+            pass
+
+    def _ext(self, method: str, *args) -> None:
+        for ext in list(self.extensions):
+            fn = getattr(ext, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(self, *args)
+            except DiagStop:
+                raise
+            except Exception as e:
+                self._report_error(f"{type(ext).__name__}.{method}", e)
+                if method != "uninstall":
+                    try:
+                        self.extensions.remove(ext)
+                    except ValueError:
+                        pass
+
+    # ---- install / uninstall -----------------------------------------------------------------------
+    def install(self) -> "Probe":
+        import torch
+        from torch.nn.modules import module as nn_module
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+        from torch.utils.data import dataloader as dl
+
+        self.active = True
+        self.emit("start", pid=self.pid, host=socket.gethostname(), local_rank=self.local_rank,
+                  world_size=self.world_size, started_at=self.wall0, script=self.script,
+                  argv=list(sys.argv))
+        self.emit("env", **environment())
+        self._handles.append(nn_module.register_module_forward_pre_hook(self._fwd_pre))
+        self._handles.append(nn_module.register_module_forward_hook(
+            self._fwd_post, with_kwargs=True, always_call=True))
+        self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
+        self._handles.append(register_optimizer_step_post_hook(self._opt_post))
+
+        probe = self
+        orig_iter = dl.DataLoader.__iter__
+        orig_next = dl._BaseDataLoaderIter.__next__
+
+        def __iter__(loader):
+            it = orig_iter(loader)
+            try:
+                probe._on_loader_iter(loader, it)
+            except Exception as e:
+                probe._report_error("dataloader.__iter__", e)
+            return it
+
+        def __next__(it):
+            if not probe.active or probe._forked:
+                return orig_next(it)
+            t0 = time.perf_counter()
+            probe._before_data(t0)
+            probe._in_data += 1
+            try:
+                batch = orig_next(it)
+            except StopIteration:
+                probe._in_data -= 1
+                raise
+            except BaseException:
+                probe._in_data -= 1
+                raise
+            probe._in_data -= 1
+            probe._on_batch(it, time.perf_counter() - t0)
+            return batch
+
+        self._patch(dl.DataLoader, "__iter__", __iter__)
+        self._patch(dl._BaseDataLoaderIter, "__next__", __next__)
+
+        orig_zero_grad = torch.optim.Optimizer.zero_grad
+
+        def zero_grad(opt, set_to_none: bool = True):
+            try:
+                probe._on_zero_grad(opt, set_to_none)
+            except Exception as e:
+                probe._report_error("zero_grad", e)
+            return orig_zero_grad(opt, set_to_none)
+
+        self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
+        os.register_at_fork(after_in_child=self._after_fork)
+        self._ext("install")
+        return self
+
+    def _after_fork(self) -> None:
+        # DataLoader workers (and other forks) inherit the hooks: they must stay silent.
+        self._forked = True
+
+    def _patch(self, owner, name: str, new) -> None:
+        self._patches.append((owner, name, owner.__dict__.get(name)))
+        setattr(owner, name, new)
+
+    def uninstall(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._handles.clear()
+        for owner, name, orig in reversed(self._patches):
+            if orig is None:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, orig)
+        self._patches.clear()
+        self._ext("uninstall")
+
+    # ---- end of run --------------------------------------------------------------------------------
+    def finish(self, status: str, exit_code: int | None = None, exception: BaseException | None = None,
+               reason: str | None = None) -> None:
+        """Flush what is pending and emit the `end` event."""
+        if self._forked:
+            return
+        try:
+            if self._step is not None and self._step.n_backward > 0:
+                self._close_step(time.perf_counter(), "manual" if not self._any_optimizer_step else "optimizer")
+            self._flush_sites()
+            self._emit_loaders()
+            self._emit_optimizers()
+            self.emit("env", **environment())
+        except Exception as e:
+            self._report_error("finish", e)
+        if exception is not None:
+            self.emit("exception", **exception_info(exception, self.steps_done, self.script))
+        self._ext("on_exit", status)
+        self.emit("end", status=status, exit_code=exit_code, reason=reason, steps=self.steps_done)
+
+    # ---- module hooks ------------------------------------------------------------------------------
+    def _fwd_pre(self, module, args):
+        self._depth += 1
+        if self._depth == 1:
+            self._top_start = time.perf_counter()
+            self._top_module = module
+        return None
+
+    def _fwd_post(self, module, args, kwargs, output):
+        self._depth -= 1
+        if self._depth > 0:
+            return None
+        if self._depth < 0:   # a forward started before the probe was installed
+            self._depth = 0
+            return None
+        if self._forked or not self.active or self._in_backward or self._in_data:
+            return None
+        if module is not self._top_module:
+            return None
+        end = time.perf_counter()
+        try:
+            self._on_top_forward(module, args, kwargs, output, self._top_start, end)
+        except DiagStop:
+            raise
+        except Exception as e:
+            self._report_error("forward", e)
+        return None
+
+    def _on_top_forward(self, module, args, kwargs, output, start: float, end: float) -> None:
+        import torch
+
+        mid = self._models.get(id(module))
+        if mid is None or self._model_refs.get(mid) is None or self._model_refs[mid]() is not module:
+            mid = len(self._model_refs) + 1
+            self._models[id(module)] = mid
+            try:
+                self._model_refs[mid] = weakref.ref(module)
+            except TypeError:
+                self._model_refs[mid] = lambda: None
+            info = describe_model(module, mid)
+            self.emit("model", **info)
+            self._ext("on_model", module, info)
+        grad = torch.is_grad_enabled()
+        training = bool(module.training)
+        inference = torch.is_inference_mode_enabled()
+        out_t = grad_tensor(output) if grad else None
+        out_rg = out_t is not None
+        train_fwd = grad and training and out_rg
+        dev_type = _device_type(module)
+        try:
+            ac = torch.is_autocast_enabled(dev_type)
+            ac_dtype = str(torch.get_autocast_dtype(dev_type)).replace("torch.", "") if ac else None
+        except Exception:
+            ac, ac_dtype = False, None
+        if train_fwd:
+            # a new step begins with its first training forward (manual-update scripts)
+            self._before_activity(start)
+        frame = user_frame(3)
+        loc_key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+        key = (mid, loc_key, training, grad, inference, ac_dtype, out_rg)
+        site = self._sites.get(key)
+        if site is None:
+            samples, tokens, shapes, dtypes = batch_size_of(args, kwargs)
+            skey = f"s{len(self._sites) + 1}"
+            site = {
+                "key": skey, "model": mid, "module": wrappers_of(module)[0],
+                "location": frame_location(frame), "training": training, "grad_enabled": grad,
+                "inference_mode": inference, "autocast": ac_dtype,
+                "autocast_device": dev_type if ac else None, "output_requires_grad": out_rg,
+                "in_step": train_fwd, "first_step": self.steps_done + 1,
+                "input_shapes": shapes, "input_dtypes": dtypes,
+            }
+            self._sites[key] = site
+            self._site_counts[skey] = 0
+            self.emit("forward_site", **site)
+        skey = site["key"]
+        self._site_counts[skey] += 1
+        self._site_dirty.add(skey)
+        dt = end - start
+        step = self._step
+        if train_fwd:
+            if step is None:
+                step = self._open_step(start)
+            step.forward_s += dt
+            step.n_forward += 1
+            if step.samples is None:
+                samples, tokens, _, _ = batch_size_of(args, kwargs)
+                step.samples, step.tokens = samples, tokens
+            self.last_model = self._model_refs.get(mid)
+            if not self._in_backward:
+                try:
+                    out_t.register_hook(self._bwd_hook)
+                except Exception:
+                    pass
+            if self.extensions:
+                self._ext("on_forward", module, args, kwargs, output, True)
+        elif step is not None:
+            step.eval_s += dt
+
+    # ---- backward ----------------------------------------------------------------------------------
+    def _bwd_hook(self, grad):
+        if self._in_backward or self._forked:
+            return None
+        self._in_backward = True
+        self._bwd_start = time.perf_counter()
+        try:
+            import torch
+
+            torch.autograd.Variable._execution_engine.queue_callback(self._bwd_end)
+        except Exception as e:
+            self._in_backward = False
+            self._report_error("backward", e)
+        return None
+
+    def _bwd_end(self):
+        end = time.perf_counter()
+        self._in_backward = False
+        step = self._step or self._open_step(self._bwd_start)
+        step.backward_s += end - self._bwd_start
+        step.n_backward += 1
+
+    # ---- optimizer ---------------------------------------------------------------------------------
+    def _opt_pre(self, opt, args, kwargs):
+        if self._forked:
+            return None
+        self._opt_start[id(opt)] = time.perf_counter()
+        return None
+
+    def _opt_post(self, opt, args, kwargs):
+        if self._forked or not self.active:
+            return None
+        end = time.perf_counter()
+        start = self._opt_start.pop(id(opt), end)
+        self._any_optimizer_step = True
+        info = self._optimizer_info(opt)
+        info["steps"] += 1
+        step = self._step or self._open_step(start)
+        step.optimizer_s += end - start
+        if step.n_backward > 0:
+            self._close_step(end, "optimizer")
+        return None
+
+    def _optimizer_info(self, opt) -> dict:
+        info = self._optimizers.get(id(opt))
+        if info is None:
+            defaults = getattr(opt, "defaults", {}) or {}
+            groups = getattr(opt, "param_groups", []) or []
+            info = {
+                "id": len(self._optimizers) + 1, "cls": type(opt).__name__,
+                "param_groups": len(groups),
+                "params": sum(len(g.get("params", [])) for g in groups),
+                "lr": _float_or_none(groups[0].get("lr")) if groups else None,
+                "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
+                "steps": 0, "zero_grad_calls": 0, "zero_grad_set_to_none": None, "state_bytes": None,
+            }
+            self._optimizers[id(opt)] = info
+        return info
+
+    def _on_zero_grad(self, opt, set_to_none) -> None:
+        if self._forked or not self.active:
+            return
+        info = self._optimizer_info(opt)
+        info["zero_grad_calls"] += 1
+        info["zero_grad_set_to_none"] = bool(set_to_none)
+
+    def optimizers(self) -> list:
+        """Live optimizer objects seen so far (for extensions)."""
+        return list(self._optimizers.keys())
+
+    # ---- DataLoader --------------------------------------------------------------------------------
+    def _on_loader_iter(self, loader, it) -> None:
+        if self._forked or not self.active:
+            return
+        info = self._loaders.get(id(loader))
+        if info is None or self._loader_refs.get(id(loader), lambda: None)() is not loader:
+            ds = getattr(loader, "dataset", None)
+            try:
+                ds_len = len(ds)  # type: ignore[arg-type]
+            except Exception:
+                ds_len = None
+            from torch.utils.data import IterableDataset
+
+            frame = user_frame(3)
+            info = {
+                "id": len(self._loaders) + 1,
+                "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+                "pin_memory": bool(getattr(loader, "pin_memory", False)),
+                "batch_size": getattr(loader, "batch_size", None),
+                "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+                "prefetch_factor": getattr(loader, "prefetch_factor", None),
+                "drop_last": bool(getattr(loader, "drop_last", False)),
+                "dataset_type": type(ds).__name__ if ds is not None else "",
+                "dataset_len": ds_len,
+                "iterable_dataset": isinstance(ds, IterableDataset),
+                "location": frame_location(frame),
+                "epochs": 0, "batches": 0, "wait_s": 0.0, "first_batch_s": [], "max_wait_s": 0.0,
+            }
+            self._loaders[id(loader)] = info
+            try:
+                self._loader_refs[id(loader)] = weakref.ref(loader)
+            except TypeError:
+                pass
+        info["epochs"] += 1
+        self.epoch = max(self.epoch, info["epochs"])
+        try:
+            it._diag_loader = info["id"]
+            it._diag_first = True
+        except Exception:
+            pass
+        self.emit("dataloader", **info)
+
+    def _before_data(self, t: float) -> None:
+        self._before_activity(t)
+
+    def _on_batch(self, it, dt: float) -> None:
+        lid = getattr(it, "_diag_loader", None)
+        info = None
+        if lid is not None:
+            for i in self._loaders.values():
+                if i["id"] == lid:
+                    info = i
+                    break
+        if info is not None:
+            info["batches"] += 1
+            info["wait_s"] += dt
+            if dt > info["max_wait_s"]:
+                info["max_wait_s"] = dt
+            if getattr(it, "_diag_first", False):
+                it._diag_first = False
+                info["first_batch_s"].append(round(dt, 6))
+                if len(info["first_batch_s"]) > 200:
+                    del info["first_batch_s"][0]
+        step = self._step or self._open_step(time.perf_counter() - dt)
+        step.data_s += dt
+
+    def _emit_loaders(self) -> None:
+        for info in self._loaders.values():
+            self.emit("dataloader", **info)
+
+    def _emit_optimizers(self) -> None:
+        for info in self._optimizers.values():
+            self.emit("optimizer", **info)
+
+    # ---- steps -------------------------------------------------------------------------------------
+    def _open_step(self, start: float) -> _Step:
+        if self._last_boundary is not None:
+            start = self._last_boundary
+        self._step = _Step(self.steps_done + 1, start)
+        if self.extensions:
+            self._ext("on_step_start", self._step.index)
+        return self._step
+
+    def _before_activity(self, t: float) -> None:
+        """New data or a new training forward: close a manual step (backward without an
+        optimizer step) if that is how this script trains."""
+        step = self._step
+        if step is None or step.n_backward == 0 or self._any_optimizer_step:
+            return
+        if self._manual_mode is None:
+            self._manual_mode = not _optimizer_alive()
+        if self._manual_mode:
+            self._close_step(t, "manual")
+
+    def _close_step(self, end: float, kind: str) -> None:
+        step = self._step
+        if step is None:
+            return
+        self._step = None
+        self._last_boundary = end
+        self.steps_done = step.index
+        total = end - step.start
+        other = total - step.data_s - step.forward_s - step.backward_s - step.optimizer_s - step.eval_s
+        ev = {
+            "index": step.index, "total_s": total, "data_s": step.data_s, "forward_s": step.forward_s,
+            "backward_s": step.backward_s, "optimizer_s": step.optimizer_s,
+            "other_s": max(other, 0.0) + step.eval_s, "n_forward": step.n_forward,
+            "n_backward": step.n_backward, "samples": step.samples, "tokens": step.tokens,
+            "epoch": self.epoch or None, "ended_by": kind, "instrumented": step.instrumented,
+            "extra": step.extra,
+        }
+        if step.eval_s:
+            ev["extra"]["eval_s"] = step.eval_s
+        if self.extensions:
+            self._ext("on_step_end", ev)
+        self.emit("step", **ev)
+        if self._site_dirty:
+            self._flush_sites()
+        if not self._env_refreshed and step.index >= 2:
+            # flags such as cudnn.benchmark are often set after import: read them again once
+            self._env_refreshed = True
+            self._emit_loaders()
+            self._emit_optimizers()
+            self.emit("env", **environment())
+        if self.max_steps is not None and step.index >= self.max_steps:
+            raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
+
+    def _flush_sites(self) -> None:
+        if self._site_dirty:
+            self.emit("forward_counts", counts={k: self._site_counts[k] for k in self._site_dirty})
+            self._site_dirty.clear()
+
+
+def _device_type(module) -> str:
+    try:
+        for p in module.parameters():
+            return p.device.type
+    except Exception:
+        pass
+    return "cpu"
+
+
+def _float_or_none(v) -> float | None:
+    try:
+        return float(v)
+    except Exception:
+        return None
+
+
+def _optimizer_alive() -> bool:
+    """Is there an Optimizer object in this process? Looked up once per run, when the first
+    backward is followed by new work without an optimizer step."""
+    try:
+        import torch
+
+        return any(isinstance(o, torch.optim.Optimizer) for o in gc.get_objects())
+    except Exception:
+        return False
+
+
+def is_oom(exc: BaseException) -> bool:
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except Exception:
+        pass
+    msg = str(exc)
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        "out of memory" in msg.lower() or isinstance(exc, MemoryError))
+
+
+def exception_info(exc: BaseException, step: int | None, script: str | None) -> dict:
+    tb = exc.__traceback__
+    frames = traceback.extract_tb(tb)
+    # drop diag's own frames (runpy, the probe) from the top of the traceback
+    keep_from = 0
+    for i, fr in enumerate(frames):
+        if not _is_library_file(fr.filename) or (script and fr.filename == script):
+            keep_from = i
+            break
+    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames[keep_from:])) + \
+        "".join(traceback.format_exception_only(type(exc), exc))
+    loc = None
+    for fr in reversed(frames):
+        if not _is_library_file(fr.filename):
+            loc = {"file": fr.filename, "line": fr.lineno, "function": fr.name}
+            break
+    return {
+        "type": type(exc).__name__, "message": str(exc)[:4000], "traceback": text[-20000:],
+        "is_oom": is_oom(exc), "step": step, "location": loc,
+    }

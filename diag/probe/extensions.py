@@ -1,0 +1,38 @@
+"""Probe extensions installed by default, by dotted path "module:Class".
+
+Each extension is a class instantiated with no arguments; see :mod:`diag.probe.core` for the
+interface. Extensions must be cheap on the hot path and must never raise into the user's code.
+Disable one with ``DIAG_PROBE_DISABLE=name1,name2`` (the class name, lower case).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+DEFAULT_EXTENSIONS: list[str] = [
+]
+
+
+def load_extensions(names: list[str] | None = None) -> list:
+    disabled = {n.strip().lower() for n in os.environ.get("DIAG_PROBE_DISABLE", "").split(",") if n.strip()}
+    out = []
+    for spec in (DEFAULT_EXTENSIONS if names is None else names):
+        mod_name, _, cls_name = spec.partition(":")
+        if cls_name.lower() in disabled:
+            continue
+        try:
+            cls = getattr(importlib.import_module(mod_name), cls_name)
+            out.append(cls())
+        except Exception as e:  # an extension that cannot load is reported, the run goes on
+            out.append(_Broken(spec, e))
+    return out
+
+
+class _Broken:
+    def __init__(self, spec: str, error: Exception):
+        self.spec = spec
+        self.error = error
+
+    def install(self, probe):
+        probe._report_error(f"load {self.spec}", self.error)
+        probe.extensions.remove(self)

@@ -1,0 +1,112 @@
+"""Console report for people (rich): findings grouped by severity, each with its numbers, why it
+matters, the fix and a snippet, and the location in the user's script."""
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from diag.findings import Severity, sort_findings
+
+STYLE = {
+    Severity.CRASHED: ("bold magenta", "CRASHED"),
+    Severity.ERROR: ("bold red", "ERROR"),
+    Severity.WARNING: ("bold yellow", "WARNING"),
+    Severity.INFO: ("bold cyan", "INFO"),
+    Severity.PASS: ("green", "PASS"),
+    Severity.SKIPPED: ("dim", "SKIPPED"),
+}
+
+
+def _fmt_num(v) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
+            return f"{v:.3g}"
+        return f"{v:.4g}"
+    if isinstance(v, int) and abs(v) >= 10000:
+        return f"{v:,}"
+    return str(v)
+
+
+def run_header(evidence) -> Text:
+    run = evidence.run
+    t = Text()
+    t.append("diag ", style="bold")
+    if run.script:
+        t.append(f"{run.script} {' '.join(run.args)}".rstrip())
+    t.append("\n")
+    status_style = {"completed": "green", "stopped": "green", "timeout": "yellow"}.get(run.status, "red")
+    t.append("status: ")
+    t.append(run.status, style=status_style)
+    if run.stop_reason:
+        t.append(f" ({run.stop_reason})")
+    steps = sum(r.step_stats.count for r in evidence.ranks)
+    t.append(f" · {steps} step(s)")
+    if evidence.ranks:
+        med = evidence.primary.median_step()
+        if med:
+            t.append(f" · median step {med['total_s'] * 1000:.1f} ms "
+                     f"(data {med['data_s'] * 1000:.1f} / fwd {med['forward_s'] * 1000:.1f} / "
+                     f"bwd {med['backward_s'] * 1000:.1f} / opt {med['optimizer_s'] * 1000:.1f} ms)")
+    if run.wall_s is not None:
+        t.append(f" · {run.wall_s:.1f} s")
+    if len(evidence.ranks) > 1:
+        t.append(f" · {len(evidence.ranks)} ranks")
+    if run.simulated_gpus:
+        t.append(f"\nGPU values are SIMULATED (scenario '{run.simulated_gpus}')", style="bold magenta")
+    for note in evidence.notes:
+        t.append(f"\nnote: {note}", style="dim")
+    return t
+
+
+def render_finding(f) -> Panel:
+    style, label = STYLE[f.severity]
+    parts: list = [Text(f.message)]
+    nums = {k: v for k, v in f.evidence.items() if k not in ("traceback", "message") and v is not None
+            and not isinstance(v, (dict, list))}
+    if nums:
+        parts.append(Text(" · ".join(f"{k}={_fmt_num(v)}" for k, v in list(nums.items())[:10]), style="dim"))
+    if f.why:
+        parts.append(Text.assemble(("why: ", "bold"), f.why))
+    if f.fix:
+        parts.append(Text.assemble(("fix: ", "bold green"), f.fix))
+    if f.snippet:
+        parts.append(Syntax(f.snippet, "python", theme="ansi_dark", background_color="default"))
+    if f.location:
+        parts.append(Text.assemble(("at: ", "bold"), str(f.location)))
+    if f.docs:
+        parts.append(Text(f.docs, style="dim underline"))
+    title = Text.assemble((f" {label} ", style), " ", (f.id, "bold"), " — ", f.title)
+    return Panel(Group(*parts), title=title, title_align="left", border_style=style.replace("bold ", ""))
+
+
+def render_console(evidence, findings, console: Console, verbose: bool = False) -> None:
+    console.print(run_header(evidence))
+    console.print()
+    findings = sort_findings(findings)
+    shown = [f for f in findings if f.severity.rank >= Severity.INFO.rank]
+    for f in shown:
+        console.print(render_finding(f))
+    rest = [f for f in findings if f.severity in (Severity.PASS, Severity.SKIPPED)]
+    if rest:
+        table = Table(show_header=False, box=None, pad_edge=False)
+        table.add_column(width=8)
+        table.add_column()
+        table.add_column(style="dim")
+        for f in rest:
+            style, label = STYLE[f.severity]
+            table.add_row(Text(label, style=style), f.id, f.message if verbose or f.severity is Severity.SKIPPED else f.message)
+        console.print(table)
+    counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
+    summary = Text("\n")
+    for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS, Severity.SKIPPED):
+        if counts[s]:
+            style, label = STYLE[s]
+            summary.append(f"{counts[s]} {label.lower()}", style=style)
+            summary.append("  ")
+    console.print(summary)
+    run = evidence.run
+    if run.run_dir:
+        console.print(Text(f"run directory: {run.run_dir} (evidence.json, log.txt, report.json)", style="dim"))

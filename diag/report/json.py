@@ -1,0 +1,47 @@
+"""The JSON report (``diag check --format json``). Its schema is documented in docs/report-json.md
+and versioned by ``schema_version``."""
+from __future__ import annotations
+
+import json
+
+from diag import __version__
+from diag.findings import Severity, sort_findings
+
+REPORT_SCHEMA_VERSION = 1
+
+
+def summary(evidence, findings) -> dict:
+    counts = {s.value: 0 for s in Severity}
+    for f in findings:
+        counts[f.severity.value] += 1
+    r = evidence.primary if evidence.ranks else None
+    med = r.median_step() if r else None
+    return {
+        "counts": counts,
+        "steps": sum(x.step_stats.count for x in evidence.ranks),
+        "step_time_median_s": round(med["total_s"], 6) if med else None,
+        "ranks": len(evidence.ranks),
+    }
+
+
+def report_dict(evidence, findings, exit_code: int) -> dict:
+    run = evidence.run
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "tool": {"name": "diag", "version": __version__},
+        "run": {
+            "id": run.id, "script": run.script, "args": run.args, "status": run.status,
+            "exit_code": run.exit_code, "wall_s": run.wall_s, "stop_reason": run.stop_reason,
+            "run_dir": run.run_dir, "log": run.log_path,
+            "evidence": (run.run_dir + "/evidence.json") if run.run_dir else None,
+            "simulated_gpus": run.simulated_gpus,
+        },
+        "summary": summary(evidence, findings),
+        "exit_code": exit_code,
+        "findings": [f.to_dict() for f in sort_findings(findings)],
+        "notes": evidence.notes,
+    }
+
+
+def render_json(evidence, findings, exit_code: int) -> str:
+    return json.dumps(report_dict(evidence, findings, exit_code), indent=2, default=str)

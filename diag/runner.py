@@ -1,0 +1,388 @@
+"""The runner: starts the user's script under the probe in a child process, follows its events,
+folds them into Evidence, enforces limits, and leaves no process behind.
+
+Used by ``diag check`` (blocking, :meth:`Run.wait`) and by the TUI (``start`` then listeners).
+This module must not import torch or textual.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from diag import __version__
+from diag.errors import DiagError
+from diag.evidence import Evidence
+from diag.fold import fold
+
+GRACE_S = 5.0          # between SIGTERM and SIGKILL
+SAVE_EVERY_S = 1.0     # evidence.json is rewritten at most this often while the run goes on
+POLL_S = 0.05
+
+
+@dataclass
+class RunConfig:
+    script: str
+    args: list[str] = field(default_factory=list)
+    steps: int | None = None
+    max_time: float | None = None
+    run_dir: str | None = None
+    runs_root: str = ".diag/runs"
+    echo: str | None = "stdout"        # where the script's output is echoed: stdout | stderr | None
+    env: dict[str, str] = field(default_factory=dict)
+    # torchrun (multi-process): number of processes per node and pass-through launcher options
+    nproc_per_node: int | None = None
+    torchrun_args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+
+
+def validate_script(path: str) -> str:
+    """One clear sentence (DiagError) for each way a script path can be wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise DiagError(f"script {path!r} does not exist")
+    if p.is_dir():
+        raise DiagError(f"script {path!r} is a directory; give the path of a Python file")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise DiagError(f"cannot read script {path!r}: {e.strerror}") from None
+    if b"\0" in raw[:4096]:
+        raise DiagError(f"script {path!r} is not a Python source file (it looks binary)")
+    try:
+        source = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DiagError(f"script {path!r} is not a Python source file (not UTF-8 text)") from None
+    if p.suffix not in (".py", ".pyw", "") and not source.startswith("#!"):
+        raise DiagError(f"script {path!r} is not a Python file (expected a .py file)")
+    try:
+        compile(source, str(p), "exec")
+    except SyntaxError as e:
+        raise DiagError(f"script {path!r} has a syntax error at line {e.lineno}: {e.msg}") from None
+    except ValueError as e:
+        raise DiagError(f"script {path!r} cannot be compiled: {e}") from None
+    return str(p.resolve())
+
+
+def new_run_dir(root: str) -> Path:
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    d = Path(root) / run_id
+    d.mkdir(parents=True, exist_ok=False)
+    return d
+
+
+class Run:
+    """One execution of a script under the probe."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.script = validate_script(config.script)
+        if config.steps is not None and config.steps <= 0:
+            raise DiagError(f"--steps must be a positive number of steps, not {config.steps}")
+        if config.max_time is not None and not (config.max_time > 0):
+            raise DiagError(f"--max-time must be a positive number of seconds, not {config.max_time}")
+        if config.run_dir:
+            self.run_dir = Path(config.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            try:
+                self.run_dir = new_run_dir(config.runs_root)
+            except OSError as e:
+                raise DiagError(f"cannot create the run directory under {config.runs_root!r}: {e.strerror}") from None
+        self.run_dir = self.run_dir.resolve()
+        self.log_path = self.run_dir / "log.txt"
+        self.evidence_path = self.run_dir / "evidence.json"
+        self.lock = threading.RLock()
+        self.evidence = Evidence(diag_version=__version__)
+        run = self.evidence.run
+        run.id = self.run_dir.name
+        run.script = self.script
+        run.args = list(config.args)
+        run.cwd = os.getcwd()
+        run.run_dir = str(self.run_dir)
+        run.log_path = str(self.log_path)
+        run.limits = {"steps": config.steps, "max_time": config.max_time}
+        run.launcher = "torchrun" if config.nproc_per_node else "python"
+        self.listeners: list[Callable[[dict], None]] = []
+        self.log_listeners: list[Callable[[str, str], None]] = []
+        self.log_tail: collections.deque[tuple[str, str]] = collections.deque(maxlen=5000)
+        self.proc: subprocess.Popen | None = None
+        self._threads: list[threading.Thread] = []
+        self._done = threading.Event()
+        self._stop_reason: tuple[str, str] | None = None   # (status, reason) when diag ended the run
+        self._dirty = False
+        self._last_save = 0.0
+        self._event_offsets: dict[str, int] = {}
+        self._log_file = None
+        self.returncode: int | None = None
+
+    # ---- command ------------------------------------------------------------------------------------
+    def events_pattern(self) -> str:
+        return str(self.run_dir / "events.rank{rank}.jsonl")
+
+    def command(self) -> list[str]:
+        c = self.config
+        if c.nproc_per_node:
+            return [c.python, "-m", "torch.distributed.run", f"--nproc-per-node={c.nproc_per_node}",
+                    *c.torchrun_args, "-m", "diag.probe", self.script, *c.args]
+        return [c.python, "-m", "diag.probe", self.script, *c.args]
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> "Run":
+        cmd = self.command()
+        self.evidence.run.command = cmd
+        self.evidence.run.started_at = time.time()
+        env = dict(os.environ)
+        env.update(self.config.env)
+        env["DIAG_EVENTS"] = self.events_pattern()
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.config.steps:
+            env["DIAG_MAX_STEPS"] = str(self.config.steps)
+        # diag itself must be importable by the child even when run from a source tree
+        pkg_root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._log_file = open(self.log_path, "a", encoding="utf-8", errors="replace")
+        self._t_start = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, start_new_session=True, cwd=os.getcwd(),
+            )
+        except OSError as e:
+            raise DiagError(f"cannot start {cmd[0]!r}: {e.strerror}") from None
+        self.save()
+        for name, stream in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
+            t = threading.Thread(target=self._pump, args=(name, stream), daemon=True, name=f"diag-{name}")
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._follow, daemon=True, name="diag-events")
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def wait(self) -> Evidence:
+        """Block until the script ends (or a limit ends it). Ctrl-C stops it and re-raises."""
+        assert self.proc is not None
+        try:
+            while not self._done.is_set():
+                self._done.wait(0.1)
+        except KeyboardInterrupt:
+            self.stop("interrupted by Ctrl-C", "interrupted")
+            self._done.wait(GRACE_S + 5)
+            raise
+        return self.evidence
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    def stop(self, reason: str = "stopped by the user", status: str = "stopped") -> None:
+        """Ask the script to stop (SIGTERM to its process group), then kill what remains."""
+        if self._stop_reason is None:
+            self._stop_reason = (status, reason)
+        self._terminate()
+
+    def _terminate(self) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+        def _kill_later():
+            deadline = time.monotonic() + GRACE_S
+            while time.monotonic() < deadline:
+                if p.poll() is not None:
+                    return
+                time.sleep(0.05)
+            _kill_group(p.pid)
+
+        threading.Thread(target=_kill_later, daemon=True).start()
+
+    # ---- threads ------------------------------------------------------------------------------------
+    def _pump(self, name: str, stream) -> None:
+        target = None
+        if self.config.echo == "stdout":
+            target = sys.stdout if name == "stdout" else sys.stderr
+        elif self.config.echo == "stderr":
+            target = sys.stderr
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            with self.lock:
+                try:
+                    self._log_file.write(line)
+                    self._log_file.flush()
+                except Exception:
+                    pass
+                self.log_tail.append((name, line))
+            if target is not None:
+                try:
+                    target.write(line)
+                    target.flush()
+                except Exception:
+                    pass
+            for cb in list(self.log_listeners):
+                try:
+                    cb(name, line)
+                except Exception:
+                    pass
+        stream.close()
+
+    def _follow(self) -> None:
+        p = self.proc
+        assert p is not None
+        while True:
+            exited = p.poll() is not None
+            self._read_events()
+            self._check_limits()
+            now = time.monotonic()
+            if self._dirty and now - self._last_save >= SAVE_EVERY_S:
+                self.save()
+            if exited:
+                break
+            time.sleep(POLL_S)
+        # the child is gone: leave nothing behind (DataLoader workers, grandchildren)
+        _kill_group(p.pid)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+        self._read_events()
+        self.returncode = p.returncode
+        self._finalise(p.returncode)
+        try:
+            self._log_file.close()
+        except Exception:
+            pass
+        self._done.set()
+        for cb in list(self.listeners):
+            try:
+                cb({"kind": "run_end"})
+            except Exception:
+                pass
+
+    def _check_limits(self) -> None:
+        mt = self.config.max_time
+        if mt and self._stop_reason is None and time.monotonic() - self._t_start >= mt:
+            self.stop(f"--max-time {mt:g} s reached", "timeout")
+
+    def _read_events(self) -> None:
+        for path in sorted(self.run_dir.glob("events.rank*.jsonl")):
+            key = str(path)
+            off = self._event_offsets.get(key, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    chunk = f.read()
+            except OSError:
+                continue
+            if not chunk:
+                continue
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                continue
+            self._event_offsets[key] = off + end + 1
+            events = []
+            for line in chunk[: end + 1].splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    import json
+
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue
+            if not events:
+                continue
+            with self.lock:
+                for e in events:
+                    fold(self.evidence, e)
+                self._dirty = True
+            for cb in list(self.listeners):
+                for e in events:
+                    try:
+                        cb(e)
+                    except Exception:
+                        pass
+
+    def _finalise(self, returncode: int) -> None:
+        with self.lock:
+            ev = self.evidence
+            run = ev.run
+            run.ended_at = time.time()
+            run.wall_s = round(time.monotonic() - self._t_start, 3)
+            statuses = [r.status for r in ev.ranks]
+            if self._stop_reason is not None:
+                run.status, run.stop_reason = self._stop_reason
+                if run.status == "stopped" and any(s in ("failed", "oom") for s in statuses):
+                    run.status = next(s for s in statuses if s in ("failed", "oom"))
+            elif not ev.ranks or "running" in statuses:
+                # the process died without telling the probe (killed, segfault, os._exit)
+                sig = -returncode if returncode is not None and returncode < 0 else None
+                run.status = "killed" if sig else ("failed" if returncode else "completed")
+                if sig:
+                    run.stop_reason = f"the script was killed by signal {signal.Signals(sig).name}" \
+                        if sig in signal.Signals._value2member_map_ else f"killed by signal {sig}"
+                    if sig == signal.SIGKILL:
+                        run.stop_reason += " (out of host memory? the kernel's OOM killer sends SIGKILL)"
+                for r in ev.ranks:
+                    if r.status == "running":
+                        r.status = run.status
+            else:
+                order = ["oom", "failed", "interrupted", "timeout", "stopped", "completed"]
+                run.status = min(statuses, key=lambda s: order.index(s) if s in order else len(order))
+                for r in ev.ranks:
+                    if r.extras.get("end_reason") and r.status in ("stopped", "failed"):
+                        run.stop_reason = r.extras["end_reason"]
+                        break
+            run.exit_code = returncode if returncode is None or returncode >= 0 else None
+            self._dirty = True
+        self.save()
+
+    def save(self) -> None:
+        with self.lock:
+            self.evidence.save(self.evidence_path)
+            self._dirty = False
+            self._last_save = time.monotonic()
+
+    def snapshot(self) -> Evidence:
+        """A consistent copy of the evidence so far (for live re-evaluation)."""
+        with self.lock:
+            return Evidence.from_dict(self.evidence.to_dict())
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process in the child's session: DataLoader workers, torchrun ranks."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    # processes that left the group (setsid) but are still our descendants
+    try:
+        import psutil
+
+        me = psutil.Process(os.getpid())
+        for child in me.children(recursive=True):
+            try:
+                if child.pid != os.getpid() and _in_session(child, pgid):
+                    child.kill()
+            except psutil.Error:
+                pass
+    except Exception:
+        pass
+
+
+def _in_session(proc, sid: int) -> bool:
+    try:
+        return os.getsid(proc.pid) == sid
+    except OSError:
+        return False
