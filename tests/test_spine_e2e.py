@@ -1,0 +1,181 @@
+"""End to end: real tiny scripts through `diag check` (a subprocess each)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import SCRIPTS, findings_by_id, severities
+
+pytestmark = pytest.mark.slow
+
+
+def check_json(diag_cli, script, *extra, script_args=(), timeout=120):
+    args = ["check", "--script", str(SCRIPTS / script), "--format", "json", *extra]
+    if script_args:
+        args += ["--", *script_args]
+    r = diag_cli(*args, timeout=timeout)
+    assert r.stdout.strip(), f"no JSON on stdout; stderr:\n{r.stderr}"
+    return r, r.json()
+
+
+def test_eval_no_grad_flags_only_the_bad_loop(diag_cli):
+    r, rep = check_json(diag_cli, "spine_eval_cases.py", script_args=["--bad"])
+    hits = [f for f in rep["findings"] if f["id"] == "eval.no-grad" and f["severity"] == "warning"]
+    assert len(hits) == 1, rep["findings"]
+    f = hits[0]
+    src = (SCRIPTS / "spine_eval_cases.py").read_text().splitlines()
+    assert "BAD-EVAL" in src[f["location"]["line"] - 1]
+    assert f["evidence"]["forwards"] == 3
+    assert f["evidence"]["trainable_params"] == 32 * 64 + 64 + 64 * 2 + 2
+    assert r.code == 0   # a warning is below the default --fail-on error
+
+
+def test_eval_no_grad_no_false_positive(diag_cli):
+    # no_grad, inference_mode, @torch.no_grad() and a frozen module: none is flagged
+    r, rep = check_json(diag_cli, "spine_eval_cases.py")
+    assert severities(rep, "eval.no-grad") == ["pass"]
+    assert rep["summary"]["steps"] == 6
+    assert r.code == 0
+
+
+def test_crash_exit_3_traceback_shown_and_findings_kept(diag_cli):
+    r, rep = check_json(diag_cli, "spine_crash.py")
+    assert r.code == 3
+    assert "Traceback (most recent call last)" in r.stderr
+    assert "planted failure: checkpoint ckpt.pt is corrupt" in r.stderr
+    assert "load_checkpoint" in r.stderr
+    assert "diag/probe" not in r.stderr and "runpy" not in r.stderr   # only the user's frames
+    assert "about to fail" in r.stderr   # the script's output went to stderr (stdout is data)
+    f = findings_by_id(rep)["run.failed"][0]
+    assert f["severity"] == "error" and f["evidence"]["type"] == "ValueError"
+    assert f["evidence"]["step"] == 3
+    assert f["location"]["function"] == "load_checkpoint"
+    assert rep["summary"]["steps"] == 3                 # nothing observed before the crash is lost
+    ev = json.loads(Path(rep["run"]["evidence"]).read_text())
+    assert ev["run"]["status"] == "failed"
+    assert "planted failure" in Path(rep["run"]["log"]).read_text()
+
+
+def test_oom_mid_run_is_diagnosed(diag_cli):
+    r, rep = check_json(diag_cli, "spine_oom.py")
+    assert r.code == 3
+    f = findings_by_id(rep)["memory.oom"][0]
+    assert f["severity"] == "error"
+    e = f["evidence"]
+    assert e["requested"] == 2 << 30
+    assert e["free"] == int(1.05 * (1 << 30))
+    assert e["reserved_unallocated"] == int(2.30 * (1 << 30))
+    assert e["batch_size"] == 16
+    assert "step 3" in f["message"] and "batch size 16" in f["message"]
+    assert "expandable_segments" in f["fix"]    # 2.3 GiB reserved-unallocated >= 2 GiB requested
+    assert rep["run"]["status"] == "oom"
+
+
+def _descendants_of_run(run_dir: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = p.info.get("environ") or {}
+            if run_dir in env.get("DIAG_EVENTS", ""):
+                out.append(p)
+        except (psutil.Error, TypeError):
+            pass
+    return out
+
+
+def test_steps_limit_stops_endless_loop_with_workers(diag_cli, tmp_path):
+    run_dir = tmp_path / "run-steps"
+    t0 = time.monotonic()
+    r, rep = check_json(diag_cli, "spine_forever.py", "--steps", "12", "--run-dir", str(run_dir),
+                        "--fail-on", "never")
+    assert time.monotonic() - t0 < 60
+    assert rep["summary"]["steps"] == 12
+    assert rep["run"]["status"] == "stopped" and "--steps 12" in rep["run"]["stop_reason"]
+    assert "finally block ran" in r.stderr       # stopped by unwinding, not killed
+    assert r.code == 0
+    assert _descendants_of_run(str(run_dir)) == []
+    ev = json.loads((run_dir / "evidence.json").read_text())
+    assert ev["ranks"][0]["dataloaders"][0]["num_workers"] == 2
+
+
+def test_max_time_stops_endless_loop_no_orphans(diag_cli, tmp_path):
+    run_dir = tmp_path / "run-time"
+    t0 = time.monotonic()
+    r, rep = check_json(diag_cli, "spine_forever.py", "--max-time", "4", "--run-dir", str(run_dir),
+                        "--fail-on", "never")
+    elapsed = time.monotonic() - t0
+    assert elapsed < 4 + 15, elapsed
+    assert rep["run"]["status"] == "timeout"
+    assert "--max-time 4" in rep["run"]["stop_reason"]
+    assert rep["summary"]["steps"] > 0
+    assert r.code == 0
+    time.sleep(0.5)
+    assert _descendants_of_run(str(run_dir)) == []
+
+
+def test_manual_sgd_steps_are_detected(diag_cli):
+    r, rep = check_json(diag_cli, "spine_manual_sgd.py")
+    assert rep["summary"]["steps"] == 8
+    assert severities(rep, "run.no-steps") == ["pass"]
+    assert r.code == 0
+
+
+def test_missing_import_is_the_scripts_failure(diag_cli):
+    r, rep = check_json(diag_cli, "spine_missing_import.py")
+    assert r.code == 3
+    assert "ModuleNotFoundError" in r.stderr and "a_module_that_does_not_exist_anywhere" in r.stderr
+    assert severities(rep, "run.no-steps") == ["warning"]   # failed before any step
+    assert findings_by_id(rep)["run.failed"][0]["evidence"]["type"] == "ModuleNotFoundError"
+
+
+def test_sys_exit_nonzero_is_a_failure(diag_cli):
+    r, rep = check_json(diag_cli, "spine_sysexit.py")
+    assert r.code == 3
+    assert rep["run"]["exit_code"] == 4
+    assert rep["summary"]["steps"] == 2
+
+
+def test_data_wait_found_with_zero_workers_and_workers_recorded(diag_cli, tmp_path):
+    r, rep = check_json(diag_cli, "spine_slow_data.py", "--run-dir", str(tmp_path / "slow"))
+    f = findings_by_id(rep)["dataloader.workers"][0]
+    assert f["severity"] == "error", f       # ~32 ms of data per ~1 ms step
+    assert f["evidence"]["num_workers"] == 0
+    assert f["evidence"]["data_share"] > 0.5
+    assert f["evidence"]["recommended_workers"] >= 1
+    assert f["location"]["file"].endswith("spine_slow_data.py")
+    assert r.code == 1                        # an error finding fails the default --fail-on
+
+
+def test_text_mode_passes_script_output_through_and_saves_run_dir(diag_cli, tmp_path):
+    r = diag_cli("check", "--script", str(SCRIPTS / "spine_manual_sgd.py"), "--run-dir", str(tmp_path / "t"))
+    assert r.code == 0
+    assert "trained" in r.stdout              # the script's own stdout, passed through
+    assert "run.no-steps" in r.stdout or "pass" in r.stdout.lower()
+    for name in ("evidence.json", "log.txt", "report.json"):
+        assert (tmp_path / "t" / name).is_file()
+    assert "trained" in (tmp_path / "t" / "log.txt").read_text()
+
+
+def test_from_rejudges_without_running(diag_cli, tmp_path):
+    run_dir = tmp_path / "saved"
+    r1, rep1 = check_json(diag_cli, "spine_eval_cases.py", "--run-dir", str(run_dir), script_args=["--bad"])
+    r2 = diag_cli("check", "--from", str(run_dir / "evidence.json"), "--format", "json", "--fail-on", "warning")
+    assert r2.code == 1
+    rep2 = r2.json()
+    assert [f["id"] for f in rep2["findings"]] == [f["id"] for f in rep1["findings"]]
+    assert "running" not in r2.stderr
+
+
+def test_demo_planted_and_clean(diag_cli):
+    r = diag_cli("demo", "--format", "json", "--", "--epochs", "1")
+    assert r.code == 0, r.stderr
+    found = {f["id"] for f in r.json()["findings"] if f["severity"] in ("error", "warning", "info")}
+    assert {"dataloader.workers", "eval.no-grad"} <= found
+    r = diag_cli("demo", "--clean", "--format", "json", "--fail-on", "warning", "--", "--epochs", "1")
+    bad = [f for f in r.json()["findings"] if f["severity"] in ("error", "warning", "crashed")]
+    assert bad == [] and r.code == 0
