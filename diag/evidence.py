@@ -199,6 +199,7 @@ class OptimizerInfo:
     steps: int = 0
     zero_grad_calls: int = 0
     zero_grad_set_to_none: bool | None = None   # the last zero_grad() call's argument
+    zero_grad_s: float = 0.0                    # total time inside optimizer.zero_grad()
     state_bytes: int | None = None
 
 

@@ -11,7 +11,9 @@ Extensions (``diag.probe.extensions``) add their own observations through a smal
 ``install(probe)``, ``uninstall(probe)``, ``on_model(probe, module, info)``,
 ``on_forward(probe, module, args, kwargs, output, training)`` (top-level training forwards only),
 ``on_step_end(probe, step)`` (``step`` is the step event dict, still mutable: extensions may add
-keys to ``step["extra"]``), ``on_step_start(probe, index)``, ``on_exit(probe, status)``.
+keys to ``step["extra"]``), ``on_step_start(probe, index)``, ``on_exit(probe, status)``,
+``on_graph_forward(probe, module, args, kwargs, output, site)`` (top-level forwards outside training
+that built an autograd graph: eval mode with grad enabled; ``site`` is the ForwardSite dict).
 Each may be absent. An extension that raises is disabled and reported once (``probe_error``
 event), never breaking the user's run.
 """
@@ -474,11 +476,13 @@ class Probe:
         orig_zero_grad = torch.optim.Optimizer.zero_grad
 
         def zero_grad(opt, set_to_none: bool = True):
+            t0 = time.perf_counter()
+            out = orig_zero_grad(opt, set_to_none)
             try:
-                probe._on_zero_grad(opt, set_to_none)
+                probe._on_zero_grad(opt, set_to_none, time.perf_counter() - t0)
             except Exception as e:
                 probe._report_error("zero_grad", e)
-            return orig_zero_grad(opt, set_to_none)
+            return out
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
         os.register_at_fork(after_in_child=self._after_fork)
@@ -632,6 +636,9 @@ class Probe:
                 self._ext("on_forward", module, args, kwargs, output, True)
         elif step is not None:
             step.eval_s += dt
+        if not train_fwd and out_rg and self.extensions:
+            # a forward that built an autograd graph outside training (eval mode, grad enabled)
+            self._ext("on_graph_forward", module, args, kwargs, output, site)
 
     # ---- backward ----------------------------------------------------------------------------------
     def _bwd_hook(self, grad):
@@ -687,16 +694,18 @@ class Probe:
                 "params": sum(len(g.get("params", [])) for g in groups),
                 "lr": _float_or_none(groups[0].get("lr")) if groups else None,
                 "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
-                "steps": 0, "zero_grad_calls": 0, "zero_grad_set_to_none": None, "state_bytes": None,
+                "steps": 0, "zero_grad_calls": 0, "zero_grad_set_to_none": None, "zero_grad_s": 0.0,
+                "state_bytes": None,
             }
             self._optimizers[id(opt)] = info
         return info
 
-    def _on_zero_grad(self, opt, set_to_none) -> None:
+    def _on_zero_grad(self, opt, set_to_none, dt: float = 0.0) -> None:
         if self._forked or not self.active:
             return
         info = self._optimizer_info(opt)
         info["zero_grad_calls"] += 1
+        info["zero_grad_s"] = info.get("zero_grad_s", 0.0) + dt
         info["zero_grad_set_to_none"] = bool(set_to_none)
 
     def optimizers(self) -> list:
