@@ -4,7 +4,7 @@ from __future__ import annotations
 from diag.findings import Finding, Severity
 from diag.registry import check
 
-from ._util import loc, passed
+from ._util import loc, passed, skipped
 
 
 @check(id="run.failed", title="The script failed", severity="error", needs=["run", "ranks.exceptions"],
@@ -13,6 +13,9 @@ def run_failed(ev):
     """The script raised an exception (or exited with a non-zero status). The traceback is shown;
     out-of-memory errors are diagnosed by `memory.oom`. Exit code 3 from `diag check`."""
     run = ev.run
+    if run.status == "running":
+        yield skipped("run.failed", "The script failed", "The run is still going.")
+        return
     if run.status not in ("failed", "oom", "killed"):
         yield passed("run.failed", "The script did not fail", f"The run ended with status '{run.status}'.")
         return
@@ -48,6 +51,9 @@ def run_no_steps(ev):
     output. Usually the wrong script, a script that exits early, or training code diag cannot see
     (a model that is not a torch.nn.Module)."""
     total = sum(r.step_stats.count for r in ev.ranks)
+    if total == 0 and ev.run.status == "running":
+        yield skipped("run.no-steps", "No training step observed", "The run is still starting: no step yet.")
+        return
     if total > 0:
         yield passed("run.no-steps", "Training steps observed", f"{total} training step(s) observed.",
                      steps=total)

@@ -366,6 +366,7 @@ class Probe:
         self._step: _Step | None = None
         self._last_boundary: float | None = None
         self._models: dict[int, int] = {}        # id(module) -> model id
+        self._model_device: dict[int, str] = {}  # model id -> device type of its first parameter
         self._model_refs: dict[int, Any] = {}    # model id -> weakref
         self._sites: dict[tuple, dict] = {}
         self._site_counts: dict[str, int] = {}
@@ -586,7 +587,9 @@ class Probe:
         out_t = grad_tensor(output) if grad else None
         out_rg = out_t is not None
         train_fwd = grad and training and out_rg
-        dev_type = _device_type(module)
+        dev_type = self._model_device.get(mid)
+        if dev_type is None:
+            dev_type = self._model_device[mid] = _device_type(module)
         try:
             ac = torch.is_autocast_enabled(dev_type)
             ac_dtype = str(torch.get_autocast_dtype(dev_type)).replace("torch.", "") if ac else None
