@@ -643,7 +643,7 @@ def build_run_sampler(simulate: str | None, interval: float, env: dict[str, str]
     from diag.gpu import get_provider
 
     interval = check_interval(interval)
-    provider = get_provider(simulate, strict=False)
+    provider = get_provider(simulate, strict=False)   # "" forces real GPUs; None reads DIAG_SIMULATE_GPUS
     env = dict(os.environ if env is None else env)
     visible = None
     if "CUDA_VISIBLE_DEVICES" in env and not getattr(provider, "simulated", False):
@@ -652,3 +652,35 @@ def build_run_sampler(simulate: str | None, interval: float, env: dict[str, str]
         except Exception:
             visible = None
     return Sampler(provider, interval=interval, visible=visible)
+
+
+def attach_to_run(run) -> Sampler:
+    """The sampler of a :class:`diag.runner.Run` (called from ``Run.__init__``): built from
+    ``run.config`` (``simulate_gpus``, ``gpu_interval``, ``env``), not started. Labels simulated
+    runs in the evidence (``run.simulated_gpus`` and a note) and records the provider's state so far."""
+    cfg = run.config
+    env = dict(os.environ)
+    env.update(getattr(cfg, "env", None) or {})
+    simulate = getattr(cfg, "simulate_gpus", None)
+    if simulate is None:
+        simulate = scenario_from_env(env)
+    sampler = build_run_sampler(simulate or "", getattr(cfg, "gpu_interval", DEFAULT_INTERVAL_S), env)
+    prov = sampler.provider
+    if getattr(prov, "simulated", False):
+        run.evidence.run.simulated_gpus = prov.scenario
+        note = f"GPU values are simulated (scenario '{prov.scenario}'), not measured"
+        if note not in run.evidence.notes:
+            run.evidence.notes.append(note)
+    return sampler
+
+
+def scenario_from_env(env: dict | None = None) -> str | None:
+    """DIAG_SIMULATE_GPUS, checked: None when unset or empty, DiagError when unknown."""
+    from diag.gpu.simulated import SCENARIOS
+
+    value = ((os.environ if env is None else env).get("DIAG_SIMULATE_GPUS") or "").strip()
+    if not value:
+        return None
+    if value.lower() not in SCENARIOS:
+        raise DiagError(f"DIAG_SIMULATE_GPUS={value!r} is not a known scenario; choose one of: {', '.join(SCENARIOS)}")
+    return value.lower()
