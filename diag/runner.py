@@ -42,6 +42,10 @@ class RunConfig:
     nproc_per_node: int | None = None
     torchrun_args: list[str] = field(default_factory=list)
     python: str = sys.executable
+    # GPU telemetry sampled in diag's own process while the script runs (diag/gpu, docs/gpus.md)
+    gpu: bool = True
+    simulate_gpus: str | None = None    # scenario name (None: DIAG_SIMULATE_GPUS when set, else NVML)
+    gpu_interval: float = 1.0
 
 
 def validate_script(path: str) -> str:
@@ -123,6 +127,12 @@ class Run:
         self._event_offsets: dict[str, int] = {}
         self._log_file = None
         self.returncode: int | None = None
+        # the GPU sampler (diag/gpu): started with the script, recorded into evidence.gpu
+        self.sampler = None
+        if config.gpu:
+            from diag.gpu.sampler import attach_to_run
+
+            self.sampler = attach_to_run(self)
 
     # ---- command ------------------------------------------------------------------------------------
     def events_pattern(self) -> str:
@@ -158,6 +168,8 @@ class Run:
             )
         except OSError as e:
             raise DiagError(f"cannot start {cmd[0]!r}: {e.strerror}") from None
+        if self.sampler is not None:
+            self.sampler.track(self.proc.pid).start()
         self.save()
         for name, stream in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
             t = threading.Thread(target=self._pump, args=(name, stream), daemon=True, name=f"diag-{name}")
@@ -315,6 +327,8 @@ class Run:
                         pass
 
     def _finalise(self, returncode: int) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
         with self.lock:
             ev = self.evidence
             run = ev.run
@@ -350,6 +364,8 @@ class Run:
 
     def save(self) -> None:
         with self.lock:
+            if self.sampler is not None:
+                self.evidence.gpu = self.sampler.to_evidence()
             self.evidence.save(self.evidence_path)
             self._dirty = False
             self._last_save = time.monotonic()
