@@ -1,0 +1,142 @@
+"""``diag tui``: the Textual app. Runs a script under the probe and shows findings live, replays a
+saved evidence file, or (with neither) watches the GPUs and estimates costs."""
+from __future__ import annotations
+
+import sys
+
+from diag.commands._common import add_run_arguments, positive_float, run_config
+from diag.errors import DiagError, ExitCode
+
+DESCRIPTION = """\
+Open diag's terminal app. With --script it runs the script, unchanged, under the probe and shows the
+findings as evidence accumulates (tabs: Checks, Steps, GPUs, Memory, Cost, Log). With --from it
+replays a saved evidence.json (nothing is executed). With neither it is a GPU monitor with a cost
+calculator. Keys: 1-6 tabs · p pause · s stop the script · w save · ? help · q quit (stops the
+script and its descendants, then prints where the run directory is)."""
+
+EPILOG = """\
+examples:
+  diag tui --script train.py -- --epochs 1           run train.py (with its own arguments) live
+  diag tui --script train.py --steps 200 --simulate-gpus healthy-8
+  diag tui --from .diag/runs/<id>/evidence.json      browse a saved run; executes nothing
+  diag tui                                           GPU monitor + cost calculator
+  diag tui --simulate-gpus throttling                try the GPU panes without a GPU
+
+needs an interactive terminal; for CI and pipes use `diag check` (text, json, sarif, junit).
+exit codes: 0 closed normally · 2 usage or bad input (or no terminal) · 3 the script failed
+"""
+
+NO_TTY = ("diag tui needs an interactive terminal (stdin and stdout must be a TTY); "
+          "use `diag check --script train.py` for output that can be piped or saved")
+
+
+def add_arguments(p) -> None:
+    add_run_arguments(p)
+    p.add_argument("--from", dest="from_", metavar="EVIDENCE",
+                   help="replay a saved evidence.json (or run directory) instead of running a script")
+    g = p.add_argument_group("GPU panes")
+    have = set(getattr(p, "_option_string_actions", {}))
+    if "--simulate-gpus" not in have:
+        g.add_argument("--simulate-gpus", metavar="SCENARIO",
+                       help="show simulated GPUs (labelled 'simulated' everywhere): healthy-8, imbalance, "
+                            "lost, none, mig, throttling, starved, container (or set DIAG_SIMULATE_GPUS)")
+    if "--gpu-interval" not in have:
+        g.add_argument("--gpu-interval", type=positive_float, metavar="SECONDS", default=1.0,
+                       help="how often the GPUs are sampled (default: 1 s; at least 0.1)")
+    p.add_argument("--refresh", type=positive_float, metavar="SECONDS", default=0.5,
+                   help="re-judge the evidence at most this often while the script runs (default: 0.5)")
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdout.isatty() and sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def build_gpu(args, *, for_replay_evidence=None):
+    """The GPU feed the app shows: the recorded telemetry for a replay, else a live sampler."""
+    from diag.tui.gpuview import GpuFeed, RecordedGpu
+
+    if for_replay_evidence is not None and for_replay_evidence.gpu and not args.simulate_gpus:
+        return RecordedGpu(for_replay_evidence.gpu)
+    from diag.gpu import get_provider
+    from diag.gpu.sampler import Sampler, check_interval
+
+    interval = check_interval(args.gpu_interval if args.gpu_interval is not None else 1.0)
+    provider = get_provider(args.simulate_gpus, strict=False)   # an unknown scenario is a DiagError
+    return GpuFeed(Sampler(provider, interval=interval), own=True)
+
+
+def run(args) -> int:
+    if args.from_ and args.script:
+        raise DiagError("give either --script (run a script) or --from (replay saved evidence), not both")
+    if args.script_args and not args.script:
+        raise DiagError("arguments after -- are for the script, but no --script was given")
+    if not _interactive():
+        raise DiagError(NO_TTY)
+    if args.simulate_gpus is not None:
+        from diag.gpu import scenario_names
+
+        if args.simulate_gpus not in scenario_names():
+            raise DiagError(f"unknown GPU scenario {args.simulate_gpus!r} "
+                            f"(one of: {', '.join(scenario_names())})")
+
+    from diag.tui.live import ReplaySource, RunFeed, Source
+
+    run = None
+    if args.from_:
+        from diag.evidence import load_evidence
+
+        evidence = load_evidence(args.from_)
+        source = ReplaySource(evidence, path=args.from_)
+        gpu = build_gpu(args, for_replay_evidence=evidence)
+    elif args.script:
+        from diag.runner import Run
+
+        cfg = run_config(args, echo=None)          # the app shows the output; nothing goes to the terminal
+        if args.simulate_gpus:
+            cfg.env = dict(cfg.env, DIAG_SIMULATE_GPUS=args.simulate_gpus)
+        run = Run(cfg)
+        source = RunFeed(run)
+        gpu = build_gpu(args)
+    else:
+        source = Source()
+        gpu = build_gpu(args)
+
+    from diag.tui.app import DiagApp
+
+    app = DiagApp(source, gpu, refresh_s=args.refresh)
+    try:
+        app.run()
+    finally:
+        if run is not None:
+            _finish(run, app)
+    if run is not None:
+        ev = run.evidence
+        sys.stderr.write(f"diag: the script {ev.run.status}"
+                         f"{' (' + ev.run.stop_reason + ')' if ev.run.stop_reason else ''}; run directory: "
+                         f"{run.run_dir} (evidence.json, log.txt, report.json)\n")
+        if ev.run.status in ("failed", "oom", "killed"):
+            return ExitCode.SCRIPT_FAILED
+    return ExitCode.OK
+
+
+def _finish(run, app) -> None:
+    """Leave nothing behind: stop the script and its descendants, write the final report."""
+    from diag.runner import GRACE_S
+
+    if run.proc is not None and run.running:
+        run.stop("stopped: diag tui was closed", "stopped")
+        run._done.wait(GRACE_S + 5)
+    try:
+        from diag.report.json import render_json
+        from diag.tui.live import default_checker
+
+        findings = default_checker()(run.evidence)
+        from diag.commands.check import exit_code_for
+
+        code = exit_code_for(run.evidence, findings, "error")
+        (run.run_dir / "report.json").write_text(render_json(run.evidence, findings, code) + "\n")
+    except Exception as e:  # the report is a convenience; the evidence is already saved
+        sys.stderr.write(f"diag: could not write report.json: {e}\n")

@@ -1,0 +1,147 @@
+"""Formatting helpers for the TUI panes (pure functions: no textual, easy to test)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+NA = "N/A"
+
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def is_na(v: Any) -> bool:
+    """True for a value a provider could not give (None, NaN, or an ``NA`` sentinel object)."""
+    if v is None:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    if isinstance(v, (int, float)):
+        return False
+    return type(v).__name__ in ("NAType", "_NA", "NA") or repr(v) in ("NA", "N/A")
+
+
+def num(v: Any, spec: str = ".0f", unit: str = "") -> str:
+    if is_na(v):
+        return NA
+    try:
+        return f"{v:{spec}}{unit}"
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def ms(seconds: float | None) -> str:
+    if is_na(seconds):
+        return NA
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    v = seconds * 1000
+    if v >= 100:
+        return f"{v:.0f} ms"
+    if v >= 1:
+        return f"{v:.1f} ms"
+    return f"{v:.2f} ms"
+
+
+def duration(seconds: float | None) -> str:
+    """12.3 s, 4 min 05 s, 2 h 03 min, 3.2 days."""
+    if is_na(seconds):
+        return NA
+    s = float(seconds)
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    if s < 48 * 3600:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+    return f"{s / 86400:.1f} days"
+
+
+def nbytes(n: float | None) -> str:
+    if is_na(n):
+        return NA
+    n = float(n)
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def si(v: float | None, unit: str = "") -> str:
+    """1.2k, 3.4M, 5.6G ... with an optional unit."""
+    if is_na(v):
+        return NA
+    v = float(v)
+    for suffix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= size:
+            x = v / size
+            return f"{x:.3g}{suffix}{unit}" if x < 1000 else f"{x:.0f}{suffix}{unit}"
+    if v == int(v):
+        return f"{int(v)}{unit}"
+    return f"{v:.3g}{unit}"
+
+
+def money(v: float | None) -> str:
+    if is_na(v):
+        return NA
+    if v >= 100:
+        return f"${v:,.0f}"
+    return f"${v:,.2f}"
+
+
+def pct(share: float | None, digits: int = 0) -> str:
+    if is_na(share):
+        return NA
+    return f"{100 * share:.{digits}f}%"
+
+
+def bar(share: float | None, width: int) -> str:
+    """A horizontal bar of `width` cells filled to `share` (0..1), with eighth-cell precision."""
+    if width <= 0:
+        return ""
+    if is_na(share):
+        return "·" * width
+    share = min(max(float(share), 0.0), 1.0)
+    eighths = int(round(share * width * 8))
+    full, rest = divmod(eighths, 8)
+    s = "█" * full
+    if rest and full < width:
+        s += BLOCKS[rest]
+    return s.ljust(width)
+
+
+def shorten(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    return text[: width - 1] + "…"
+
+
+def short_path(path: str | None, cwd: str | None = None) -> str:
+    if not path:
+        return ""
+    if cwd and path.startswith(cwd.rstrip("/") + "/"):
+        return path[len(cwd.rstrip("/")) + 1:]
+    return path
+
+
+def fmt_value(v: Any) -> str:
+    """A finding's evidence value, compactly."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
+            return f"{v:.3g}"
+        return f"{v:.4g}"
+    if isinstance(v, int) and abs(v) >= 10000:
+        return f"{v:,}"
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(fmt_value(x) for x in v[:8])
+        return f"[{inner}{', …' if len(v) > 8 else ''}]"
+    if isinstance(v, dict):
+        inner = ", ".join(f"{k}={fmt_value(x)}" for k, x in list(v.items())[:6])
+        return "{" + inner + (", …" if len(v) > 6 else "") + "}"
+    return str(v)

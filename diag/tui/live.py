@@ -1,0 +1,213 @@
+"""The TUI's data plumbing, without textual: what the background threads deliver, batched for the UI.
+
+The runner calls :class:`RunFeed`'s callbacks from its own threads (one per probe event, one per
+output line). They only append to buffers and raise a flag, under a lock: nothing here touches the
+UI. The app's timer asks :meth:`RunFeed.pending` whether there is something new and, at most every
+``refresh_s``, re-evaluates the checks in a thread worker (:meth:`RunFeed.evaluate`).
+
+A :class:`Source` is what the app shows: a live run, a saved evidence file (replay), or nothing (the
+GPU monitor).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from diag.evidence import Evidence
+from diag.findings import Finding, sort_findings
+
+LOG_LINES_KEPT = 20000   # lines the Log tab holds; log.txt in the run directory keeps every line
+
+
+Checker = Callable[[Evidence], list[Finding]]
+
+
+def default_checker() -> Checker:
+    """Every installed check (built-ins and plugins), as ``diag check`` runs them."""
+    from diag.registry import Registry
+
+    registry = Registry.discover()
+    return registry.run
+
+
+@dataclass
+class Snapshot:
+    """What the UI renders: one consistent copy of the evidence and the findings judged on it."""
+    evidence: Evidence
+    findings: list[Finding]
+    version: int = 0
+    evaluated_at: float = 0.0          # clock time of the evaluation
+    final: bool = False                # the run has ended: nothing will change any more
+
+
+@dataclass
+class LogBuffer:
+    """Output lines waiting to be shown, and a count of those that could not be kept."""
+    lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=LOG_LINES_KEPT))
+    dropped: int = 0
+
+
+class Source:
+    """Base: nothing runs (used as is for the GPU monitor mode)."""
+    mode = "monitor"
+    run = None
+    path: str | None = None
+
+    def start(self) -> None:
+        pass
+
+    @property
+    def running(self) -> bool:
+        return False
+
+    def pending(self) -> bool:
+        """Is there evidence the UI has not seen yet?"""
+        return False
+
+    def evaluate(self) -> Snapshot | None:
+        return None
+
+    def take_logs(self) -> list[tuple[str, str]]:
+        return []
+
+    def stop(self, reason: str) -> None:
+        pass
+
+    @property
+    def log_path(self) -> str | None:
+        return None
+
+
+class ReplaySource(Source):
+    """A saved evidence file: judged once, nothing is executed."""
+    mode = "replay"
+
+    def __init__(self, evidence: Evidence, checker: Checker | None = None, path: str | None = None,
+                 findings: list[Finding] | None = None):
+        self.evidence = evidence
+        self.checker = checker
+        self.path = path
+        self._findings = findings
+        self._done = False
+        self._logs_read = False
+
+    def pending(self) -> bool:
+        return not self._done
+
+    def evaluate(self) -> Snapshot:
+        findings = self._findings
+        if findings is None:
+            findings = (self.checker or default_checker())(self.evidence)
+        self._done = True
+        return Snapshot(self.evidence, sort_findings(findings), final=True)
+
+    @property
+    def log_path(self) -> str | None:
+        return self.evidence.run.log_path
+
+    def take_logs(self) -> list[tuple[str, str]]:
+        """The saved run's log.txt, when it is still where the evidence says (read once)."""
+        if self._logs_read:
+            return []
+        self._logs_read = True
+        path = self.evidence.run.log_path
+        if not path:
+            return []
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.readlines()
+        except OSError:
+            return []
+        return [("stdout", line) for line in lines[-LOG_LINES_KEPT:]]
+
+
+class RunFeed(Source):
+    """A live :class:`diag.runner.Run`: callbacks from the runner's threads, batched for the UI."""
+    mode = "run"
+
+    def __init__(self, run, checker: Checker | None = None, clock: Callable[[], float] = time.time):
+        self.run = run
+        self.checker = checker
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._dirty = True                # evaluate once at start (the header needs the run info)
+        self._ended = False
+        self._final_sent = False
+        self._events = 0
+        self._logs = LogBuffer()
+        run.listeners.append(self._on_event)
+        run.log_listeners.append(self._on_log)
+
+    # ---- called from the runner's threads: cheap, never raises, never touches the UI --------------
+    def _on_event(self, event: dict) -> None:
+        with self._lock:
+            self._events += 1
+            self._dirty = True
+            if event.get("kind") == "run_end":
+                self._ended = True
+
+    def _on_log(self, stream: str, line: str) -> None:
+        with self._lock:
+            buf = self._logs
+            if len(buf.lines) == buf.lines.maxlen:
+                buf.dropped += 1
+            buf.lines.append((stream, line))
+
+    # ---- called by the app ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.run.proc is None:
+            self.run.start()
+
+    @property
+    def running(self) -> bool:
+        return self.run.proc is not None and self.run.running
+
+    @property
+    def events(self) -> int:
+        return self._events
+
+    def pending(self) -> bool:
+        with self._lock:
+            return self._dirty or (self._ended and not self._final_sent)
+
+    def take_logs(self) -> list[tuple[str, str]]:
+        with self._lock:
+            out = list(self._logs.lines)
+            self._logs.lines.clear()
+        return out
+
+    @property
+    def dropped_lines(self) -> int:
+        return self._logs.dropped
+
+    def evaluate(self) -> Snapshot:
+        """Copy the evidence so far and run every check on it (called in a thread worker)."""
+        with self._lock:
+            self._dirty = False
+            final = self._ended
+        evidence = self.run.snapshot()
+        checker = self.checker
+        if checker is None:
+            checker = self.checker = default_checker()
+        findings = sort_findings(checker(evidence))
+        if final:
+            self._final_sent = True
+        return Snapshot(evidence, findings, evaluated_at=self.clock(), final=final)
+
+    def stop(self, reason: str = "stopped from diag tui") -> None:
+        if self.running:
+            self.run.stop(reason, "stopped")
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Wait (in a worker) until the script and its descendants are gone."""
+        deadline = time.monotonic() + timeout
+        while self.run.proc is not None and self.run.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.running
+
+    @property
+    def log_path(self) -> str | None:
+        return str(self.run.log_path)

@@ -1,0 +1,97 @@
+"""Numbers the Steps tab shows, computed from Evidence (pure: no textual, no torch)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PHASES = (("data_s", "data wait"), ("forward_s", "forward"), ("backward_s", "backward"),
+          ("optimizer_s", "optimizer"), ("other_s", "other"))
+RECENT = 20         # steps in the "now" throughput window
+HISTORY = 240       # steps in the history graph
+
+
+@dataclass
+class RankSteps:
+    rank: int
+    host: str = ""
+    status: str = ""
+    steps: int = 0
+    epoch: int | None = None
+    median: dict | None = None        # phase -> seconds (RankEvidence.median_step)
+    samples_s: float | None = None    # over the recent window
+    tokens_s: float | None = None
+
+
+@dataclass
+class StepSummary:
+    step: int = 0                     # the newest step index (rank 0)
+    epoch: int | None = None
+    timed: int = 0                    # steps in the timing statistics
+    instrumented: int = 0             # steps diag slowed on purpose (excluded)
+    median: dict | None = None        # rank 0: phase -> seconds, plus "n"
+    samples_s: float | None = None    # recent window
+    tokens_s: float | None = None
+    samples_s_all: float | None = None  # over every timed step so far
+    tokens_s_all: float | None = None
+    batch: int | None = None
+    history_ms: list[float] = field(default_factory=list)     # total step time, newest last
+    data_share_history: list[float] = field(default_factory=list)
+    ranks: list[RankSteps] = field(default_factory=list)
+
+
+def _rate(steps, attr: str) -> float | None:
+    total = sum(s.total_s for s in steps)
+    if total <= 0:
+        return None
+    counts = [getattr(s, attr) for s in steps]
+    if not counts or any(c is None for c in counts):
+        return None
+    return sum(counts) / total
+
+
+def _rank_steps(r) -> RankSteps:
+    timed = r.timed_steps()
+    recent = timed[-RECENT:]
+    last = r.steps[-1] if r.steps else None
+    return RankSteps(rank=r.rank, host=r.host, status=r.status, steps=r.step_stats.count,
+                     epoch=last.epoch if last else None, median=r.median_step(),
+                     samples_s=_rate(recent, "samples"), tokens_s=_rate(recent, "tokens"))
+
+
+def summarize_steps(evidence) -> StepSummary:
+    out = StepSummary()
+    if not evidence.ranks:
+        return out
+    r = evidence.primary
+    st = r.step_stats
+    timed = r.timed_steps()
+    recent = timed[-RECENT:]
+    last = r.steps[-1] if r.steps else None
+    out.step = last.index if last else st.count
+    out.epoch = last.epoch if last else None
+    out.timed = len(timed)
+    out.instrumented = sum(1 for s in r.steps if s.instrumented)
+    out.median = r.median_step()
+    out.samples_s = _rate(recent, "samples")
+    out.tokens_s = _rate(recent, "tokens")
+    if st.total_s > 0 and st.timed:
+        out.samples_s_all = _rate(timed, "samples")
+        out.tokens_s_all = _rate(timed, "tokens")
+    out.batch = last.samples if last else None
+    hist = [s for s in r.steps if not s.instrumented][-HISTORY:]
+    out.history_ms = [s.total_s * 1000 for s in hist]
+    out.data_share_history = [(s.data_s / s.total_s) if s.total_s > 0 else 0.0 for s in hist]
+    if len(evidence.ranks) > 1:
+        out.ranks = [_rank_steps(x) for x in evidence.ranks]
+    return out
+
+
+def phase_shares(median: dict | None) -> list[tuple[str, str, float, float]]:
+    """[(key, label, seconds, share of the step)] for the breakdown table."""
+    if not median:
+        return []
+    total = median.get("total_s") or 0.0
+    rows = []
+    for key, label in PHASES:
+        v = median.get(key, 0.0) or 0.0
+        rows.append((key, label, v, (v / total) if total > 0 else 0.0))
+    return rows

@@ -1,0 +1,180 @@
+"""The Checks tab: findings sorted by severity (re-judged as the run goes on) and a detail pane
+with the numbers, why it matters, the fix, its snippet and the line in the user's script."""
+from __future__ import annotations
+
+import os
+
+from rich.console import Group
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import DataTable, Static
+
+from diag.findings import Finding, Severity
+from diag.tui import fmt
+from diag.tui.widgets import Pane, UIState
+
+SEVERITY = {
+    Severity.CRASHED: ("CRASHED", "bold magenta"),
+    Severity.ERROR: ("ERROR", "bold red"),
+    Severity.WARNING: ("WARNING", "bold yellow"),
+    Severity.INFO: ("INFO", "bold cyan"),
+    Severity.PASS: ("pass", "green"),
+    Severity.SKIPPED: ("skipped", "dim"),
+}
+
+
+def finding_keys(findings: list[Finding]) -> list[str]:
+    """Stable row keys: the id, plus a counter when one check yields several findings."""
+    seen: dict[str, int] = {}
+    keys = []
+    for f in findings:
+        n = seen.get(f.id, 0)
+        seen[f.id] = n + 1
+        keys.append(f.id if n == 0 else f"{f.id}#{n}")
+    return keys
+
+
+def summary_text(state: UIState) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    findings = state.findings
+    if state.snapshot is None:
+        t.append("judging… the checks run as soon as the first evidence arrives", style="dim")
+        return t
+    counts = {s: 0 for s in Severity}
+    for f in findings:
+        counts[f.severity] += 1
+    parts = []
+    for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS,
+              Severity.SKIPPED):
+        if counts[s]:
+            label, style = SEVERITY[s]
+            parts.append((f"{counts[s]} {label.lower()}", style))
+    for i, (text, style) in enumerate(parts):
+        t.append(text, style=style)
+        if i < len(parts) - 1:
+            t.append(" · ")
+    ev = state.evidence
+    steps = ev.primary.step_stats.count if ev.ranks else 0
+    if state.snapshot.final or ev.run.status != "running":
+        t.append(f"   judged on the whole run ({steps} steps)", style="dim")
+    else:
+        t.append(f"   re-judged live, last at step {steps}", style="dim")
+    return t
+
+
+def detail_renderable(f: Finding | None, cwd: str | None = None):
+    if f is None:
+        return Text("Select a finding to see its numbers, why it matters and how to fix it.",
+                    style="dim")
+    label, style = SEVERITY[f.severity]
+    parts: list = []
+    head = Text()
+    head.append(f" {label} ", style=style + " reverse")
+    head.append(" ")
+    head.append(f.title, style="bold")
+    head.append(f"\n{f.id}", style="dim")
+    parts.append(head)
+    parts.append(Text(f.message))
+    if f.location:
+        loc = Text()
+        loc.append("at ", style="bold")
+        where = fmt.short_path(f.location.file, cwd)
+        if f.location.line is not None:
+            where += f":{f.location.line}"
+        loc.append(where, style="underline")
+        if f.location.function:
+            loc.append(f" (in {f.location.function})", style="dim")
+        parts.append(loc)
+    nums = {k: v for k, v in (f.evidence or {}).items() if k != "traceback" and v is not None}
+    if nums:
+        table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 1))
+        table.add_column(style="dim", no_wrap=True)
+        table.add_column(overflow="fold")
+        for k, v in list(nums.items())[:16]:
+            table.add_row(str(k), fmt.fmt_value(v))
+        parts.append(Text("the numbers", style="bold"))
+        parts.append(table)
+    if f.why:
+        parts.append(Text.assemble(("why it matters ", "bold"), f.why))
+    if f.fix:
+        parts.append(Text.assemble(("fix ", "bold green"), f.fix))
+    if f.snippet:
+        parts.append(Syntax(f.snippet.rstrip("\n"), "python", theme="ansi_dark",
+                            background_color="default", word_wrap=True))
+    tb = (f.evidence or {}).get("traceback")
+    if tb and f.severity is Severity.CRASHED:
+        parts.append(Text(str(tb).rstrip(), style="magenta"))
+    if f.docs:
+        parts.append(Text.assemble(("source ", "bold"), (f.docs, "dim underline")))
+    # blank lines between the parts
+    spaced: list = []
+    for i, p in enumerate(parts):
+        if i:
+            spaced.append(Text(""))
+        spaced.append(p)
+    return Group(*spaced)
+
+
+class ChecksPane(Pane):
+    BORDER_TITLE = "Checks"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._findings: dict[str, Finding] = {}
+        self._order: list[str] = []
+        self._cwd: str | None = None
+        self._selected: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="checks-summary")
+        with Horizontal(id="checks-body"):
+            table = DataTable(id="checks-table", cursor_type="row", zebra_stripes=False)
+            table.add_column("severity", key="sev", width=8)
+            table.add_column("check", key="id")
+            table.add_column("title", key="title")
+            yield table
+            with VerticalScroll(id="checks-detail-scroll"):
+                yield Static(detail_renderable(None), id="checks-detail")
+
+    def refresh_data(self, state: UIState) -> None:
+        self.query_one("#checks-summary", Static).update(summary_text(state))
+        findings = state.findings
+        ev = state.evidence
+        self._cwd = ev.run.cwd if ev is not None else None
+        keys = finding_keys(findings)
+        new = dict(zip(keys, findings))
+        table = self.query_one("#checks-table", DataTable)
+        selected = self._selected
+        rows = [(k, f.severity, f.title) for k, f in zip(keys, findings)]
+        if rows != self._order:
+            table.clear()
+            for key, f in zip(keys, findings):
+                label, style = SEVERITY[f.severity]
+                table.add_row(Text(label, style=style), Text(f.id),
+                              Text(f.title, style="dim" if f.severity.rank <= 0 else ""), key=key)
+            self._order = rows
+            if selected in new:
+                table.move_cursor(row=keys.index(selected), animate=False)
+            elif keys:
+                table.move_cursor(row=0, animate=False)
+        self._findings = new
+        if keys and (selected not in new):
+            selected = keys[min(table.cursor_row, len(keys) - 1)] if table.cursor_row >= 0 else keys[0]
+        self._show(selected)
+
+    def _show(self, key: str | None) -> None:
+        self._selected = key
+        f = self._findings.get(key) if key else None
+        self.query_one("#checks-detail", Static).update(detail_renderable(f, self._cwd))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = event.row_key.value if event.row_key is not None else None
+        if key != self._selected and key in self._findings:
+            self._show(key)
+
+    @property
+    def selected(self) -> Finding | None:
+        return self._findings.get(self._selected) if self._selected else None

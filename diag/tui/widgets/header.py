@@ -1,0 +1,170 @@
+"""The run header: what runs, its status (running, completed, crashed, OOM ...), time, step, the
+findings' counts, and the badges (PAUSED, SIMULATED GPUs, replay)."""
+from __future__ import annotations
+
+import os
+
+from rich.text import Text
+from textual.widgets import Static
+
+from diag.findings import Severity
+from diag.tui import fmt
+from diag.tui.widgets import UIState
+
+STATUS = {
+    # status: (symbol, label, style, css class)
+    "running": ("●", "running", "bold yellow", "-running"),
+    "completed": ("✔", "completed", "bold green", "-ok"),
+    "stopped": ("■", "stopped", "bold green", "-ok"),
+    "timeout": ("■", "time limit reached", "bold yellow", "-ok"),
+    "interrupted": ("■", "interrupted", "bold yellow", "-warn"),
+    "failed": ("✘", "CRASHED", "bold red", "-failed"),
+    "oom": ("✘", "OUT OF MEMORY", "bold red", "-failed"),
+    "killed": ("✘", "KILLED", "bold red", "-failed"),
+}
+
+COUNT_STYLE = {
+    Severity.CRASHED: ("crashed", "bold magenta"),
+    Severity.ERROR: ("error", "bold red"),
+    Severity.WARNING: ("warning", "bold yellow"),
+    Severity.INFO: ("info", "cyan"),
+}
+
+
+def status_class(state: UIState) -> str:
+    ev = state.evidence
+    if state.mode == "monitor" or ev is None:
+        return "-running" if state.mode == "run" else "-idle"
+    return STATUS.get(ev.run.status, ("", "", "", "-warn"))[3]
+
+
+def header_lines(state: UIState) -> tuple[Text, Text]:
+    """(line 1, line 2) of the header."""
+    one = Text(no_wrap=True, overflow="ellipsis")
+    two = Text(no_wrap=True, overflow="ellipsis")
+    one.append(" diag ", style="bold reverse")
+    one.append(" ")
+    if state.mode == "monitor":
+        one.append("GPU monitor and cost calculator", style="bold")
+        one.append(" · no script runs (diag tui --script train.py runs one)", style="dim")
+        _badges(state, two)
+        return one, two
+    ev = state.evidence
+    if ev is None:
+        one.append("starting the script under the probe…", style="yellow")
+        _badges(state, two)
+        return one, two
+    run = ev.run
+    status = run.status
+    if state.stopping and status == "running":
+        sym, label, style = "●", "stopping…", "bold yellow"
+    else:
+        sym, label, style, _ = STATUS.get(status, ("?", status, "bold", ""))
+    one.append(f"{sym} {label}", style=style)
+    if status not in ("running",) and run.exit_code not in (None, 0):
+        one.append(f" (exit {run.exit_code})", style=style)
+    one.append("  ")
+    script = os.path.basename(run.script) if run.script else run.id or "run"
+    one.append(script, style="bold")
+    if run.args:
+        one.append(" " + " ".join(run.args), style="dim")
+    # elapsed
+    if run.wall_s is not None and status != "running":
+        elapsed = run.wall_s
+    elif run.started_at:
+        elapsed = max(0.0, state.clock() - run.started_at)
+    else:
+        elapsed = None
+    if elapsed is not None:
+        one.append(f" · {fmt.duration(elapsed)}")
+    if ev.ranks:
+        steps = ev.primary.step_stats.count
+        last = ev.primary.steps[-1] if ev.primary.steps else None
+        one.append(f" · step {last.index if last else steps}")
+        if last is not None and last.epoch is not None:
+            one.append(f" · epoch {last.epoch}")
+        if len(ev.ranks) > 1:
+            one.append(f" · {len(ev.ranks)} ranks")
+    counts = {s: 0 for s in Severity}
+    for f in state.findings:
+        counts[f.severity] += 1
+    shown = [(s, n) for s, n in counts.items() if n and s in COUNT_STYLE]
+    if shown:
+        one.append(" ·  ")
+        for i, (s, n) in enumerate(sorted(shown, key=lambda x: -x[0].rank)):
+            name, st = COUNT_STYLE[s]
+            one.append(f"{n} {name}{'s' if n > 1 and s is not Severity.CRASHED else ''}", style=st)
+            if i < len(shown) - 1:
+                one.append(" ")
+    elif state.snapshot is not None:
+        one.append(" · no problems found so far" if status == "running" else " · no problems found",
+                   style="green")
+    # line two: why it ended, where things are, badges
+    reason = _end_reason(ev)
+    if reason:
+        two.append(reason, style="red" if status in ("failed", "oom", "killed") else "")
+        two.append("  ")
+    _badges(state, two)
+    if state.mode == "replay":
+        two.append("replay of ", style="dim")
+        two.append(state.source_path or "saved evidence", style="dim")
+        two.append(" (nothing executed)", style="dim")
+    elif run.run_dir:
+        two.append("run dir ", style="dim")
+        two.append(_home(run.run_dir), style="dim")
+    return one, two
+
+
+def _home(path: str) -> str:
+    home = os.path.expanduser("~")
+    if home and home != "/" and path.startswith(home + "/"):
+        return "~" + path[len(home):]
+    return path
+
+
+def _end_reason(ev) -> str:
+    run = ev.run
+    if run.status in ("failed", "oom"):
+        for r in ev.ranks:
+            if r.exceptions:
+                e = r.exceptions[-1]
+                msg = e.message.strip().splitlines()[0] if e.message.strip() else ""
+                where = ""
+                if e.location:
+                    where = f" at {os.path.basename(str(e.location.get('file', '')))}:{e.location.get('line')}"
+                return fmt.shorten(f"{e.type}: {msg}{where}", 120)
+    if run.stop_reason:
+        return run.stop_reason
+    return ""
+
+
+def _badges(state: UIState, t: Text) -> None:
+    if state.paused:
+        t.append(" PAUSED ", style="bold black on yellow")
+        t.append(" updates held, the script keeps running; p resumes ", style="yellow")
+        t.append(" ")
+    gpu = state.gpu
+    sim = getattr(gpu, "simulated", None) if gpu is not None else None
+    if not sim and state.evidence is not None:
+        sim = state.evidence.run.simulated_gpus
+    if sim:
+        t.append(f" SIMULATED GPUs ({sim}) ", style="bold white on magenta")
+        t.append(" ")
+
+
+class RunHeader(Static):
+    """Two lines at the top of the screen."""
+
+    DEFAULT_CSS = """
+    RunHeader { dock: top; height: 2; padding: 0 0; }
+    """
+
+    def show(self, state: UIState) -> None:
+        one, two = header_lines(state)
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append_text(one)
+        text.append("\n")
+        text.append_text(two)
+        self.update(text)
+        for cls in ("-running", "-ok", "-warn", "-failed", "-idle"):
+            self.set_class(cls == status_class(state), cls)
