@@ -38,8 +38,9 @@ class RunConfig:
     runs_root: str = ".diag/runs"
     echo: str | None = "stdout"        # where the script's output is echoed: stdout | stderr | None
     env: dict[str, str] = field(default_factory=dict)
-    # torchrun (multi-process): number of processes per node and pass-through launcher options
-    nproc_per_node: int | None = None
+    # torchrun (multi-process): processes per node (a positive int, or "cpu"/"gpu"/"auto"/"xpu" as
+    # torchrun accepts) and pass-through launcher options (["--nnodes=2", "--node-rank=1", ...])
+    nproc_per_node: int | str | None = None
     torchrun_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     # GPU telemetry sampled in diag's own process while the script runs (diag/gpu, docs/gpus.md)
@@ -93,6 +94,9 @@ class Run:
             raise DiagError(f"--steps must be a positive number of steps, not {config.steps}")
         if config.max_time is not None and not (config.max_time > 0):
             raise DiagError(f"--max-time must be a positive number of seconds, not {config.max_time}")
+        from diag.distributed import validate_torchrun
+
+        config.nproc_per_node = validate_torchrun(config.nproc_per_node, config.torchrun_args)
         if config.run_dir:
             self.run_dir = Path(config.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -125,6 +129,8 @@ class Run:
         self._dirty = False
         self._last_save = 0.0
         self._event_offsets: dict[str, int] = {}
+        self._descendants: dict[int, tuple[float, bool]] = {}  # pid -> (create_time, group leader)
+        self._last_scan = 0.0
         self._log_file = None
         self.returncode: int | None = None
         # the GPU sampler (diag/gpu): started with the script, recorded into evidence.gpu
@@ -141,7 +147,8 @@ class Run:
     def command(self) -> list[str]:
         c = self.config
         if c.nproc_per_node:
-            return [c.python, "-m", "torch.distributed.run", f"--nproc-per-node={c.nproc_per_node}",
+            # torch.distributed.run itself, with its own log lines sent to launcher.log
+            return [c.python, "-m", "diag.probe.launch", f"--nproc-per-node={c.nproc_per_node}",
                     *c.torchrun_args, "-m", "diag.probe", self.script, *c.args]
         return [c.python, "-m", "diag.probe", self.script, *c.args]
 
@@ -156,6 +163,9 @@ class Run:
         env["PYTHONUNBUFFERED"] = "1"
         if self.config.steps:
             env["DIAG_MAX_STEPS"] = str(self.config.steps)
+        if self.config.nproc_per_node:
+            env["DIAG_LAUNCHER_LOG"] = str(self.run_dir / "launcher.log")
+            env["DIAG_DEFER_TRACEBACK"] = "1"   # the first failing rank's traceback is shown once, at the end
         # diag itself must be importable by the child even when run from a source tree
         pkg_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -217,7 +227,9 @@ class Run:
                 if p.poll() is not None:
                     return
                 time.sleep(0.05)
+            self._scan_descendants()
             _kill_group(p.pid)
+            self._kill_descendants()
 
         threading.Thread(target=_kill_later, daemon=True).start()
 
@@ -258,13 +270,16 @@ class Run:
             self._read_events()
             self._check_limits()
             now = time.monotonic()
+            if self.config.nproc_per_node and not exited and now - self._last_scan >= 0.5:
+                self._scan_descendants()
             if self._dirty and now - self._last_save >= SAVE_EVERY_S:
                 self.save()
             if exited:
                 break
             time.sleep(POLL_S)
-        # the child is gone: leave nothing behind (DataLoader workers, grandchildren)
+        # the child is gone: leave nothing behind (DataLoader workers, grandchildren, torchrun's ranks)
         _kill_group(p.pid)
+        self._kill_descendants()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)
@@ -280,6 +295,46 @@ class Run:
             try:
                 cb({"kind": "run_end"})
             except Exception:
+                pass
+
+    def _scan_descendants(self) -> None:
+        """Remember every process under the child. torchrun starts each rank in a session of its
+        own, out of reach of a signal to the child's process group, and its ranks outlive it
+        when it is killed: they are found here and killed by :meth:`_kill_descendants`."""
+        self._last_scan = time.monotonic()
+        p = self.proc
+        if p is None:
+            return
+        try:
+            import psutil
+
+            for c in psutil.Process(p.pid).children(recursive=True):
+                try:
+                    self._descendants.setdefault(c.pid, (c.create_time(), os.getpgid(c.pid) == c.pid))
+                except (psutil.Error, OSError):
+                    pass
+        except Exception:
+            pass
+
+    def _kill_descendants(self) -> None:
+        if not self._descendants:
+            return
+        try:
+            import psutil
+        except ImportError:
+            return
+        for pid, (created, leader) in list(self._descendants.items()):
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() != created:
+                    continue       # the pid was reused by another process
+                if leader:         # a rank: its group holds its DataLoader workers
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                proc.kill()
+            except (psutil.Error, OSError):
                 pass
 
     def _check_limits(self) -> None:
@@ -359,8 +414,50 @@ class Run:
                         run.stop_reason = r.extras["end_reason"]
                         break
             run.exit_code = returncode if returncode is None or returncode >= 0 else None
+            notice = self._finalise_ranks() if self.config.nproc_per_node else None
             self._dirty = True
         self.save()
+        if notice:
+            self._notice(notice)
+
+    def _finalise_ranks(self) -> str | None:
+        """torchrun: the rank that failed first names the failure; returns the text that shows its
+        traceback once (the other ranks' errors are its consequences, one line each)."""
+        from diag.distributed import format_root_cause, root_cause, root_cause_summary
+
+        ev = self.evidence
+        for r in ev.ranks:
+            le = r.distributed.get("launcher_exit") or {}
+            if le.get("signal") and r.status in ("running", "failed") and not r.exceptions:
+                r.status = "killed"
+        if ev.run.status not in ("failed", "oom", "killed"):
+            return None
+        rc = root_cause(ev)
+        if rc is None:
+            return None
+        ev.run.stop_reason = root_cause_summary(rc)
+        return format_root_cause(ev)
+
+    def _notice(self, text: str) -> None:
+        """A message from diag about the run: into log.txt, the echo stream and the log listeners."""
+        with self.lock:
+            try:
+                self._log_file.write(text)
+                self._log_file.flush()
+            except Exception:
+                pass
+        if self.config.echo is not None:
+            try:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            except Exception:
+                pass
+        for line in text.splitlines(keepends=True):
+            for cb in list(self.log_listeners):
+                try:
+                    cb("stderr", line)
+                except Exception:
+                    pass
 
     def save(self) -> None:
         with self.lock:

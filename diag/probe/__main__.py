@@ -6,6 +6,8 @@ environment variables:
 - ``DIAG_EVENTS``: the JSON-lines file to append events to (required). Under torchrun, a ``{rank}``
   placeholder in it is replaced by the rank.
 - ``DIAG_MAX_STEPS``: stop the script after this many training steps.
+- ``DIAG_DEFER_TRACEBACK``: when set (diag's runner sets it under torchrun), the user's traceback is
+  recorded but not printed here; diag prints the first failing rank's traceback once.
 
 Exit status: the script's own (0 when diag stopped it at a limit, 1 for an uncaught exception).
 """
@@ -40,8 +42,15 @@ def main() -> int:
     probe = Probe(sink, max_steps=int(max_steps) if max_steps else None, rank=rank,
                   local_rank=local_rank, world_size=world, extensions=load_extensions(), script=script)
 
+    terminated = []
+
     def on_term(signum, frame):
-        raise DiagStop("terminated by diag", "stopped")
+        # once: a second SIGTERM (torchrun forwards diag's) must not interrupt the clean-up
+        if terminated:
+            return
+        terminated.append(signum)
+        raise DiagStop("terminated by diag" if world == 1 else "terminated by SIGTERM (from diag or torchrun)",
+                       "stopped")
 
     signal.signal(signal.SIGTERM, on_term)
 
@@ -71,8 +80,9 @@ def main() -> int:
 
         code = 1
         info = exception_info(e, probe.steps_done, script)
-        sys.stderr.write(info["traceback"])
-        sys.stderr.flush()
+        if not os.environ.get("DIAG_DEFER_TRACEBACK"):   # under torchrun diag shows the first failure once
+            sys.stderr.write(info["traceback"])
+            sys.stderr.flush()
         probe.finish("oom" if is_oom(e) else "failed", code, exception=e)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

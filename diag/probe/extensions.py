@@ -10,6 +10,8 @@ import importlib
 import os
 
 DEFAULT_EXTENSIONS: list[str] = [
+    "diag.probe.distributed:DistributedProbe",
+    "diag.probe.flops:FlopCounter",
 ]
 
 
