@@ -34,15 +34,6 @@ def add_arguments(p) -> None:
     add_run_arguments(p)
     p.add_argument("--from", dest="from_", metavar="EVIDENCE",
                    help="replay a saved evidence.json (or run directory) instead of running a script")
-    g = p.add_argument_group("GPU panes")
-    have = set(getattr(p, "_option_string_actions", {}))
-    if "--simulate-gpus" not in have:
-        g.add_argument("--simulate-gpus", metavar="SCENARIO",
-                       help="show simulated GPUs (labelled 'simulated' everywhere): healthy-8, imbalance, "
-                            "lost, none, mig, throttling, starved, container (or set DIAG_SIMULATE_GPUS)")
-    if "--gpu-interval" not in have:
-        g.add_argument("--gpu-interval", type=positive_float, metavar="SECONDS", default=1.0,
-                       help="how often the GPUs are sampled (default: 1 s; at least 0.1)")
     p.add_argument("--refresh", type=positive_float, metavar="SECONDS", default=0.5,
                    help="re-judge the evidence at most this often while the script runs (default: 0.5)")
 
@@ -54,18 +45,19 @@ def _interactive() -> bool:
         return False
 
 
-def build_gpu(args, *, for_replay_evidence=None):
-    """The GPU feed the app shows: the recorded telemetry for a replay, else a live sampler."""
+def build_gpu(args, *, run=None, replay_evidence=None):
+    """The GPU feed the app shows: the run's own sampler (started with the script, recorded into its
+    evidence), the telemetry recorded in a replayed evidence file, or a sampler of this machine."""
     from diag.tui.gpuview import GpuFeed, RecordedGpu
 
-    if for_replay_evidence is not None and for_replay_evidence.gpu and not args.simulate_gpus:
-        return RecordedGpu(for_replay_evidence.gpu)
-    from diag.gpu import get_provider
-    from diag.gpu.sampler import Sampler, check_interval
+    if run is not None:
+        return GpuFeed(run.sampler, own=False) if run.sampler is not None else None
+    if replay_evidence is not None and replay_evidence.gpu and not args.simulate_gpus:
+        return RecordedGpu(replay_evidence.gpu)
+    from diag.gpu.sampler import build_run_sampler, scenario_from_env
 
-    interval = check_interval(args.gpu_interval if args.gpu_interval is not None else 1.0)
-    provider = get_provider(args.simulate_gpus, strict=False)   # an unknown scenario is a DiagError
-    return GpuFeed(Sampler(provider, interval=interval), own=True)
+    simulate = args.simulate_gpus if args.simulate_gpus is not None else scenario_from_env()
+    return GpuFeed(build_run_sampler(simulate or "", args.gpu_interval or 1.0), own=True)
 
 
 def run(args) -> int:
@@ -75,12 +67,6 @@ def run(args) -> int:
         raise DiagError("arguments after -- are for the script, but no --script was given")
     if not _interactive():
         raise DiagError(NO_TTY)
-    if args.simulate_gpus is not None:
-        from diag.gpu import scenario_names
-
-        if args.simulate_gpus not in scenario_names():
-            raise DiagError(f"unknown GPU scenario {args.simulate_gpus!r} "
-                            f"(one of: {', '.join(scenario_names())})")
 
     from diag.tui.live import ReplaySource, RunFeed, Source
 
@@ -90,16 +76,13 @@ def run(args) -> int:
 
         evidence = load_evidence(args.from_)
         source = ReplaySource(evidence, path=args.from_)
-        gpu = build_gpu(args, for_replay_evidence=evidence)
+        gpu = build_gpu(args, replay_evidence=evidence)
     elif args.script:
         from diag.runner import Run
 
-        cfg = run_config(args, echo=None)          # the app shows the output; nothing goes to the terminal
-        if args.simulate_gpus:
-            cfg.env = dict(cfg.env, DIAG_SIMULATE_GPUS=args.simulate_gpus)
-        run = Run(cfg)
+        run = Run(run_config(args, echo=None))     # the app shows the output; nothing goes to the terminal
         source = RunFeed(run)
-        gpu = build_gpu(args)
+        gpu = build_gpu(args, run=run)
     else:
         source = Source()
         gpu = build_gpu(args)

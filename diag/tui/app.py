@@ -20,6 +20,7 @@ from typing import Callable
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer, TabbedContent, TabPane
 
@@ -183,6 +184,12 @@ class DiagApp(App[int]):
         self._render()
 
     def _render(self) -> None:
+        try:
+            self._render_now()
+        except NoMatches:       # the app is closing: its widgets are gone
+            pass
+
+    def _render_now(self) -> None:
         view = self.view
         with self.batch_update():
             self.query_one(RunHeader).show(dataclasses.replace(view, paused=self.state.paused,

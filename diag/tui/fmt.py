@@ -49,6 +49,8 @@ def duration(seconds: float | None) -> str:
     if is_na(seconds):
         return NA
     s = float(seconds)
+    if s < 1:
+        return ms(s)
     if s < 60:
         return f"{s:.1f} s"
     if s < 3600:

@@ -127,17 +127,22 @@ class ChecksPane(Pane):
         self._order: list[str] = []
         self._cwd: str | None = None
         self._selected: str | None = None
+        self._layout: tuple | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="checks-summary")
         with Horizontal(id="checks-body"):
-            table = DataTable(id="checks-table", cursor_type="row", zebra_stripes=False)
-            table.add_column("severity", key="sev", width=8)
-            table.add_column("check", key="id")
-            table.add_column("title", key="title")
-            yield table
+            yield DataTable(id="checks-table", cursor_type="row", zebra_stripes=False)
             with VerticalScroll(id="checks-detail-scroll"):
                 yield Static(detail_renderable(None), id="checks-detail")
+
+    def data_key(self, state: UIState):
+        return (state.version, self.size.width)
+
+    def on_resize(self) -> None:
+        app = self.app
+        if getattr(app, "active_tab", None) == "checks" and hasattr(app, "view"):
+            self.maybe_refresh(app.view)
 
     def refresh_data(self, state: UIState) -> None:
         self.query_one("#checks-summary", Static).update(summary_text(state))
@@ -148,13 +153,28 @@ class ChecksPane(Pane):
         new = dict(zip(keys, findings))
         table = self.query_one("#checks-table", DataTable)
         selected = self._selected
+        # wide: severity | check id | title; narrow: severity | title (the id is in the detail)
+        wide = self.size.width >= 110
+        title_w = max(20, table.size.width - (12 if not wide else 12 + 28)) if table.size.width else 60
         rows = [(k, f.severity, f.title) for k, f in zip(keys, findings)]
-        if rows != self._order:
-            table.clear()
+        if rows != self._order or (wide, title_w) != self._layout:
+            if wide != (self._layout[0] if self._layout else None):
+                table.clear(columns=True)
+                table.add_column("severity", key="sev", width=8)
+                if wide:
+                    table.add_column("check", key="id", width=26)
+                table.add_column("title", key="title")
+            else:
+                table.clear()
+            self._layout = (wide, title_w)
             for key, f in zip(keys, findings):
                 label, style = SEVERITY[f.severity]
-                table.add_row(Text(label, style=style), Text(f.id),
-                              Text(f.title, style="dim" if f.severity.rank <= 0 else ""), key=key)
+                title = Text(fmt.shorten(f.title, title_w), style="dim" if f.severity.rank <= 0 else "")
+                cells = [Text(label, style=style)]
+                if wide:
+                    cells.append(Text(fmt.shorten(f.id, 26)))
+                cells.append(title)
+                table.add_row(*cells, key=key)
             self._order = rows
             if selected in new:
                 table.move_cursor(row=keys.index(selected), animate=False)

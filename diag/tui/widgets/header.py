@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.widgets import Static
 
 from diag.findings import Severity
@@ -88,7 +90,7 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     counts = {s: 0 for s in Severity}
     for f in state.findings:
         counts[f.severity] += 1
-    shown = [(s, n) for s, n in counts.items() if n and s in COUNT_STYLE]
+    shown = [(s, n) for s, n in counts.items() if n and s in COUNT_STYLE and s is not Severity.INFO]
     if shown:
         one.append(" ·  ")
         for i, (s, n) in enumerate(sorted(shown, key=lambda x: -x[0].rank)):
@@ -152,19 +154,35 @@ def _badges(state: UIState, t: Text) -> None:
         t.append(" ")
 
 
-class RunHeader(Static):
-    """Two lines at the top of the screen."""
+class RunHeader(Vertical):
+    """Two lines at the top of the screen (each cut with an ellipsis, never wrapped)."""
 
     DEFAULT_CSS = """
-    RunHeader { dock: top; height: 2; padding: 0 0; }
+    RunHeader { dock: top; height: 2; }
+    RunHeader > Static { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._last: tuple | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header-1")
+        yield Static(id="header-2")
 
     def show(self, state: UIState) -> None:
         one, two = header_lines(state)
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append_text(one)
-        text.append("\n")
-        text.append_text(two)
-        self.update(text)
+        key = (one.markup, two.markup, status_class(state))
+        if key == self._last:          # nothing changed: no re-render
+            return
+        self._last = key
+        self.query_one("#header-1", Static).update(one)
+        self.query_one("#header-2", Static).update(two)
         for cls in ("-running", "-ok", "-warn", "-failed", "-idle"):
             self.set_class(cls == status_class(state), cls)
+
+    @property
+    def text(self) -> str:
+        """The header as plain text (tests)."""
+        one, two = (self.query_one(f"#header-{i}", Static) for i in (1, 2))
+        return f"{one.render()}\n{two.render()}"

@@ -1,0 +1,190 @@
+"""The Cost tab's logic, without textual: what the form is prefilled with, and what it computes.
+
+Everything is priced by :mod:`diag.cost` (the same engine as ``diag cost``): a formula estimate
+(6·N·D training, 2·N·D evaluation) or, when the run measured a step's FLOPs, an extrapolation of the
+measured run. The form's text goes through the engine's own parsers (7B, 1.4T, 40%, ...), so the tab
+accepts what the command line accepts and says the same sentence when a value is wrong.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.cost import CostError, estimate, estimate_measured, from_evidence, load_catalog, plan_phases
+from diag.cost.catalog import CatalogError
+from diag.errors import DiagError
+
+MEASURED = "measured"           # the basis values of the form
+FORMULA = "formula"
+SAME_DEVICE = "__measured__"    # the GPU select's value for "the device the run measured on"
+FIELDS = ("basis", "params", "work", "eval", "gpu", "count", "mfu", "price")
+DEFAULT_GPU = "h100-sxm"
+
+
+@dataclass
+class CostInputs:
+    basis: str = FORMULA
+    params: str = "7B"
+    work: str = "140B"             # tokens (or samples); "3 epochs" with a measured run
+    eval: str = ""                 # evaluation tokens/samples (blank: none)
+    gpu: str = DEFAULT_GPU
+    count: str = "8"
+    mfu: str = ""                  # blank: measured, else Epoch AI's default (labelled assumed)
+    price: str = ""                # blank: the catalogue's price
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in FIELDS}
+
+
+@dataclass
+class Prefill:
+    inputs: CostInputs
+    measured: Any = None             # diag.cost.Measured, when the run measured a step
+    why_not_measured: str | None = None
+    unit: str = "tokens"
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CostResult:
+    main: Any = None                 # diag.cost.Estimate
+    compare: list = field(default_factory=list)   # [Estimate] across the catalogue, cheapest first
+    plan: Any = None                 # diag.cost.PhasePlan (explore / tune / full)
+    error: str | None = None
+
+
+_catalog = None
+
+
+def catalog():
+    global _catalog
+    if _catalog is None:
+        _catalog = load_catalog()
+    return _catalog
+
+
+def _si_text(v: float) -> str:
+    for suffix, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= size:
+            x = v / size
+            return (f"{x:.0f}" if x == int(x) else f"{x:.3g}") + suffix
+    return f"{v:.0f}"
+
+
+def _gpu_from_devices(device_names: list[str]) -> str | None:
+    cat = catalog()
+    for name in device_names:
+        g = cat.match_device(name)
+        if g is not None:
+            return g.id
+    return None
+
+
+def prefill(evidence=None, device_names: list[str] | None = None) -> Prefill:
+    """Form values from what is known: the measured run, else the model's size, else an example."""
+    device_names = list(device_names or [])
+    seen_gpu = _gpu_from_devices(device_names)
+    count = str(len(device_names)) if device_names else "8"
+    inputs = CostInputs(gpu=seen_gpu or DEFAULT_GPU, count=count)
+    pre = Prefill(inputs)
+    if evidence is None or not evidence.ranks:
+        pre.notes.append("an example (7B parameters, Chinchilla's 20 tokens per parameter); edit any field")
+        return pre
+    try:
+        m = from_evidence(evidence)
+    except DiagError as e:
+        m = None
+        pre.why_not_measured = e.message
+    params = None
+    models = evidence.primary.models
+    if models:
+        params = max(x.params_total for x in models) or None
+    if m is not None:
+        pre.measured = m
+        pre.unit = m.unit
+        inputs.basis = MEASURED
+        params = m.params or params
+        inputs.gpu = m.gpu or seen_gpu or SAME_DEVICE
+        if m.gpu is None and not seen_gpu:
+            inputs.gpu = SAME_DEVICE
+        inputs.count = str(max(m.world_size, 1))
+        if m.units_per_epoch:
+            inputs.work = "10 epochs"
+        elif m.unit == "tokens" and params:
+            inputs.work = _si_text(20 * params)
+        else:
+            inputs.work = _si_text(m.units_per_s * 3600)     # an hour of the measured throughput
+        pre.notes.append(f"prefilled from the measured run ({m.steps_timed} timed steps, "
+                         f"{m.units_per_s:,.1f} {m.unit}/s per device on {m.device_name or m.device})")
+    else:
+        if params:
+            pre.notes.append(f"the model has {_si_text(params)} parameters; tokens: Chinchilla's 20 per parameter")
+        if pre.why_not_measured:
+            pre.notes.append(f"formula only: {pre.why_not_measured}")
+    if params:
+        inputs.params = _si_text(params)
+        if inputs.basis == FORMULA:
+            inputs.work = _si_text(20 * params)
+    return pre
+
+
+_EPOCHS = re.compile(r"^\s*([0-9.]+)\s*(epochs?|ep)\s*$", re.IGNORECASE)
+
+
+def _blank(s: str) -> bool:
+    return not str(s or "").strip()
+
+
+def compute(inp: CostInputs, measured=None, compare_all: bool = True) -> CostResult:
+    """Price the form. Every bad value comes back as ``error`` (one sentence), never an exception."""
+    try:
+        return _compute(inp, measured, compare_all)
+    except (CostError, CatalogError, DiagError) as e:
+        return CostResult(error=e.message)
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
+        return CostResult(error=str(e))
+
+
+def _compute(inp: CostInputs, measured, compare_all: bool) -> CostResult:
+    mfu = None if _blank(inp.mfu) else inp.mfu
+    price = None if _blank(inp.price) else inp.price
+    count = inp.count.strip() or "1"
+    try:
+        n = int(float(count))
+        if float(count) != n:
+            raise ValueError
+    except ValueError:
+        raise CostError(f"the GPU count must be a whole number, got {count!r}") from None
+    ev_units = None if _blank(inp.eval) else inp.eval
+    cat = catalog()
+    out = CostResult()
+    if inp.basis == MEASURED and measured is not None:
+        kw: dict[str, Any] = {}
+        m_ep = _EPOCHS.match(inp.work or "")
+        if m_ep:
+            kw["epochs"] = m_ep.group(1)
+        else:
+            kw["units"] = inp.work
+        gpu = None if inp.gpu in (SAME_DEVICE, "") else inp.gpu
+        out.main = estimate_measured(measured, gpu=gpu, count=n, mfu=mfu, price=price, eval_tokens=ev_units,
+                                     catalog=cat, **kw)
+        if compare_all:
+            for g in cat:
+                try:
+                    out.compare.append(estimate_measured(measured, gpu=g.id, count=n, mfu=mfu, catalog=cat, **kw))
+                except DiagError:
+                    continue
+        units = out.main.training.units
+        out.plan = plan_phases("", None, units, gpu, n, mfu, price, catalog=cat, measured=measured)
+    else:
+        out.main = estimate(inp.params, inp.work, inp.gpu, n, mfu, price, catalog=cat, eval_tokens=ev_units)
+        if compare_all:
+            for g in cat:
+                try:
+                    out.compare.append(estimate(inp.params, inp.work, g.id, n, mfu, catalog=cat))
+                except DiagError:
+                    continue
+        out.plan = plan_phases("", inp.params, inp.work, inp.gpu, n, mfu, price, catalog=cat)
+    out.compare.sort(key=lambda e: (e.cost is None, e.cost if e.cost is not None else e.wall_hours))
+    return out
