@@ -82,7 +82,12 @@ def _check_positive(name: str, value: float) -> float:
 
 def check_fraction(name: str, value: float) -> float:
     """A utilisation must lie in (0, 1]."""
-    v = _check_positive(name, value)
+    try:
+        v = _check_positive(name, value)
+    except ValueError as e:
+        if "greater than zero" not in str(e):
+            raise
+        raise ValueError(f"{name} must be a fraction in (0, 1] (e.g. 0.4 for 40%), got {value:g}") from None
     if v > 1:
         raise ValueError(f"{name} must be a fraction in (0, 1] (e.g. 0.4 for 40%), got {value:g}")
     return v

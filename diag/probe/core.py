@@ -541,14 +541,23 @@ class Probe:
 
     # ---- module hooks ------------------------------------------------------------------------------
     def _fwd_pre(self, module, args):
+        if self._in_backward:   # recomputation (activation checkpointing): not a forward of the step,
+            return None         # and it may end by an exception that skips the post hook
         self._depth += 1
         if self._depth == 1:
             self._top_start = time.perf_counter()
             self._top_module = module
         return None
 
-    def _fwd_post(self, module, args, kwargs, output):
+    def _fwd_post(self, module, args, kwargs, output=None):
+        # torch calls always_call hooks as hook(module, args, result) when a forward raised
+        # (module.py ignores with_kwargs there): `kwargs` then holds the result
+        if self._in_backward:
+            return None
         self._depth -= 1
+        if output is None and not isinstance(kwargs, dict):
+            self._depth = max(self._depth, 0)
+            return None
         if self._depth > 0:
             return None
         if self._depth < 0:   # a forward started before the probe was installed
