@@ -143,19 +143,19 @@ _LIBS_LOCK = threading.Lock()
 
 
 def _lib_for(module) -> _Lib:
-    """The shared _Lib of a module object (the real pynvml unless one is given)."""
+    """The shared _Lib of a module object (``pynvml``, imported now, unless one is given). A failed
+    import is not cached: installing nvidia-ml-py later in the same process works."""
+    if module is None:
+        try:
+            module = importlib.import_module("pynvml")
+        except ImportError as e:
+            lib = _Lib(None)
+            lib._error = init_error(e)
+            return lib
     with _LIBS_LOCK:
-        if module is None:
-            module = sys.modules.get("pynvml")
-            if module is None:
-                key = 0   # not imported yet: the default lib imports it lazily
-            else:
-                key = id(module)
-        else:
-            key = id(module)
-        lib = _LIBS.get(key)
-        if lib is None:
-            lib = _LIBS[key] = _Lib(module)
+        lib = _LIBS.get(id(module))
+        if lib is None or lib._module is not module:
+            lib = _LIBS[id(module)] = _Lib(module)
         return lib
 
 
@@ -253,25 +253,25 @@ class NvmlProvider:
             return NA
         nv = nv or self._lib.get()
         names = (fn_names,) if isinstance(fn_names, str) else fn_names
-        fn = None
-        for n in names:
-            fn = getattr(nv, n, None)
-            if fn is not None:
-                break
-        if fn is None:
+        fns = [f for f in (getattr(nv, n, None) for n in names) if f is not None]
+        if not fns:
             self._unsupported[key] = "missing"
             return NA
-        try:
-            return fn(*args)
-        except Exception as e:
-            code = _code(e)
-            if code in LOST_CODES:
-                raise _Lost(f"{_text(e) or 'GPU is lost'} (NVML error {code})") from None
-            if code in UNSUPPORTED_CODES:
-                self._unsupported[key] = "missing" if code == ERR_FUNCTION_NOT_FOUND else "unsupported"
+        for k, fn in enumerate(fns):
+            try:
+                return fn(*args)
+            except Exception as e:
+                code = _code(e)
+                if code in LOST_CODES:
+                    raise _Lost(f"{_text(e) or 'GPU is lost'} (NVML error {code})") from None
+                if code == ERR_FUNCTION_NOT_FOUND and k + 1 < len(fns):
+                    continue          # an older driver: try the older name of the same call
+                if code in UNSUPPORTED_CODES:
+                    self._unsupported[key] = "missing" if code == ERR_FUNCTION_NOT_FOUND else "unsupported"
+                    return NA
+                self._errors[field] = f"{type(e).__name__}: {e}"
                 return NA
-            self._errors[field] = f"{type(e).__name__}: {e}"
-            return NA
+        return NA
 
     # ---- enumeration ----
     def _enumerate(self, nv) -> list[_Dev]:

@@ -67,19 +67,21 @@ class Snapshot:
 
 # ---- bounded series -------------------------------------------------------------------------------
 
-def _mean(values):
-    vals = [v for v in values if v is not None]
-    if not vals:
+def _mean(values, weights=None):
+    pairs = [(v, 1 if weights is None else w) for v, w in zip(values, weights or [1] * len(values))
+             if v is not None]
+    if not pairs:
         return None
-    return sum(vals) / len(vals)
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total
 
 
-def _max(values):
+def _max(values, weights=None):
     vals = [v for v in values if v is not None]
     return max(vals) if vals else None
 
 
-def _or(values):
+def _or(values, weights=None):
     vals = [v for v in values if v is not None]
     if not vals:
         return None
@@ -94,35 +96,40 @@ _REDUCERS = {"mean": _mean, "max": _max, "or": _or}
 
 class BoundedSeries:
     """Columns of at most ``max_points`` points covering the whole run. When full, adjacent
-    points are merged pairwise and the stride (raw samples per point) doubles."""
+    points are merged pairwise (mean, max or OR per column) and the stride (raw samples per point)
+    doubles; an odd last point becomes the start of the next, wider point (weighted)."""
 
     def __init__(self, columns: dict[str, str], max_points: int = EVIDENCE_POINTS, digits: dict | None = None):
         self.how = dict(columns)          # column -> reducer name
         self.max_points = max(4, int(max_points))
         self.cols: dict[str, list] = {k: [] for k in self.how}
         self.stride = 1
-        self._pending: list[dict] = []
+        self._pending: list[tuple[dict, int]] = []     # (row, raw samples it stands for)
         self.digits = digits or {}
 
-    def _reduce(self, rows: list[dict]) -> dict:
-        return {k: _REDUCERS[h]([r.get(k) for r in rows]) for k, h in self.how.items()}
+    def _reduce(self, rows: list[tuple[dict, int]]) -> dict:
+        weights = [w for _, w in rows]
+        return {k: _REDUCERS[h]([r.get(k) for r, _ in rows], weights) for k, h in self.how.items()}
 
     def add(self, row: dict) -> None:
-        self._pending.append(row)
-        if len(self._pending) >= self.stride:
-            self._push(self._reduce(self._pending))
-            self._pending = []
+        self._pending.append((row, 1))
+        if sum(w for _, w in self._pending) >= self.stride:
+            rows, self._pending = self._pending, []
+            self._push(self._reduce(rows))
 
     def _push(self, row: dict) -> None:
         for k in self.how:
             self.cols[k].append(row[k])
-        if len(next(iter(self.cols.values()))) > self.max_points:
+        n = len(next(iter(self.cols.values())))
+        if n > self.max_points:
+            carry = None
+            if n % 2:
+                carry = {k: self.cols[k].pop() for k in self.how}
             for k, h in self.how.items():
                 col = self.cols[k]
-                merged = [_REDUCERS[h](col[i:i + 2]) for i in range(0, len(col) - 1, 2)]
-                if len(col) % 2:
-                    merged.append(col[-1])
-                self.cols[k] = merged
+                self.cols[k] = [_REDUCERS[h](col[i:i + 2]) for i in range(0, len(col), 2)]
+            if carry is not None:
+                self._pending = [(carry, self.stride)] + self._pending
             self.stride *= 2
 
     def __len__(self) -> int:
@@ -443,7 +450,9 @@ class Sampler:
             run = RunUsage(t=run.t, pids=run.pids, nproc=run.nproc, cpu_percent=run.cpu_percent, rss=run.rss,
                            gpu_memory=gm)
         duration = time.perf_counter() - t_start
-        snap = Snapshot(t=time.time(), devices=samples, processes=procs, host=host, run=run, duration_s=duration)
+        # the providers' own time (an injected clock for simulated GPUs), else now
+        t_snap = samples[0].t if samples else time.time()
+        snap = Snapshot(t=t_snap, devices=samples, processes=procs, host=host, run=run, duration_s=duration)
         self._record(snap, statics)
         with self._lock:
             listeners = list(self._listeners)

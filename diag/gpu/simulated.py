@@ -237,7 +237,13 @@ class SimulatedProvider:
                 "cuda_driver_version": self.spec.cuda_driver_version, "nvml_version": None}
 
     def notes(self) -> list[str]:
-        return [f"GPU values are simulated (scenario '{self.scenario}': {self.spec.description})"]
+        out = [f"GPU values are simulated (scenario '{self.scenario}': {self.spec.description})"]
+        hidden = sum(1 for d in self.spec.devices for p in d.procs if not p.visible)
+        if hidden:
+            out.append(f"{hidden} process{'es' if hidden > 1 else ''} on the GPUs {'are' if hidden > 1 else 'is'} not "
+                       "visible from this PID namespace (inside a container?): start the container with --pid=host "
+                       "(docker) or shareProcessNamespace/hostPID (Kubernetes) to see names and users")
+        return out
 
     def close(self) -> None:
         pass
@@ -266,7 +272,8 @@ class SimulatedProvider:
                 mig_index, used = slots[j % len(slots)] if slots else (None, 0.0)
                 if d.mig and j >= len(slots):
                     continue
-                pid = run_pid if (p.run and run_pid) else 4100 + 37 * i + j
+                # a pid from another namespace (container) can never match the run's own pids
+                pid = run_pid if (p.run and run_pid and p.visible) else 4100 + 37 * i + j
                 mem = int(used * p.share) // MiB * MiB if p.share else 300 * MiB
                 out.append(GpuProcess(
                     pid=pid, device=i, mig=mig_index, used_memory=mem, type="C", visible=p.visible,
