@@ -16,6 +16,7 @@ from diag.errors import DiagError, ExitCode
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("diag.commands.check", "run a training script under the probe and report findings (CI-friendly)"),
     "tui": ("diag.commands.tui", "the terminal app: findings live as a script runs, GPU panes, cost calculator"),
+    "memory": ("diag.commands.memory", "what fits: peak memory by category, largest batch, gradient accumulation (no GPU needed)"),
     "cost": ("diag.commands.cost", "FLOPs, GPU-hours, days and money for training and evaluation (formula or measured run)"),
     "gpus": ("diag.commands.gpus", "the GPUs now, per device and per process, plus host CPU/RAM (--json, --watch)"),
     "checks": ("diag.commands.checks", "list every check: id, severity, what it looks for and its source"),

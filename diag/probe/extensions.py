@@ -12,6 +12,7 @@ import os
 DEFAULT_EXTENSIONS: list[str] = [
     "diag.probe.distributed:DistributedProbe",
     "diag.probe.flops:FlopCounter",
+    "diag.probe.memory:MemoryProbe",
 ]
 
 

@@ -1,0 +1,186 @@
+"""``diag memory``: where the memory of a training step goes and what batch fits on a GPU, estimated
+without that GPU (a fake-tensor replay of one real step)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from diag.commands._common import add_run_arguments, positive_float, positive_int, run_config
+from diag.errors import DiagError, ExitCode
+
+DESCRIPTION = """\
+Run a training script, unchanged, for one step under diag's probe; capture the model, the optimizer
+and the shapes of one input batch; replay the step (forward, backward, optimizer step) on fake
+tensors at other batch sizes, without allocating their memory; print the peak by category
+(parameters, gradients, optimizer state, activations, other), the largest batch that fits on the
+target GPU with headroom (bisection), the micro-batch and gradient-accumulation steps that keep your
+effective batch when it does not fit, and the largest evaluation batch under inference_mode.
+Works on a laptop without the target GPU. The script's output goes to stderr."""
+
+EPILOG = """\
+examples:
+  diag memory --script train.py --gpu a100-80gb                 plan for an A100 80GB (catalogue)
+  diag memory --script train.py --memory 24GiB -- --batch-size 8
+  diag memory --script train.py --gpu h100 --batch 512 -- --batch-size 4
+                          run 1 step at batch 4 here, plan for batch 512 on an H100
+  diag memory --script train.py --gpu l4 --format json > plan.json
+  diag memory --from .diag/runs/<id>/evidence.json               print a saved plan again
+
+exit codes: 0 the batch fits (or no device was given) · 1 it does not fit, or the step could not be
+            replayed (the reason is printed) · 2 usage or bad input · 3 the script failed before a
+            batch could be captured · 130 interrupted
+"""
+
+# compute capability by catalogue id prefix (for the cuBLAS workspace allowance)
+_CAPABILITY = (("t4", [7, 5]), ("v100", [7, 0]), ("a100", [8, 0]), ("a10", [8, 6]), ("l40", [8, 9]),
+               ("l4", [8, 9]), ("rtx-3090", [8, 6]), ("rtx-4090", [8, 9]), ("h100", [9, 0]), ("h200", [9, 0]),
+               ("gh200", [9, 0]), ("b200", [10, 0]), ("b100", [10, 0]))
+
+
+def add_arguments(p) -> None:
+    add_run_arguments(p)
+    p.set_defaults(steps=None)
+    t = p.add_argument_group("the target")
+    t.add_argument("--gpu", metavar="NAME", help="a GPU from the catalogue (diag cost --list-gpus), e.g. a100-80gb, "
+                   "h100, l4, rtx-4090")
+    t.add_argument("--memory", metavar="SIZE", help="device memory instead of --gpu, e.g. 24GiB, 80GB, 16000MiB")
+    t.add_argument("--batch", type=positive_int, metavar="N",
+                   help="the training batch to plan for (default: the one the script used)")
+    t.add_argument("--eval-batch", type=positive_int, metavar="N",
+                   help="the evaluation batch to start the eval search from (default: the training batch)")
+    t.add_argument("--headroom", type=_fraction, default=0.10, metavar="F",
+                   help="memory kept free: 0.1 or 10%% (default 10%%, the memory.headroom check's line)")
+    t.add_argument("--budget", type=positive_float, default=120.0, metavar="SECONDS",
+                   help="time allowed for the replays (default 120)")
+    p.add_argument("--from", dest="from_", metavar="EVIDENCE",
+                   help="print the plan saved in an evidence.json (or run directory); runs nothing")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _fraction(text: str) -> float:
+    import argparse
+
+    s = text.strip()
+    try:
+        v = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.1 or 10%, got {text!r}") from None
+    if not 0 <= v < 0.9:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 90%, got {text}")
+    return v
+
+
+def resolve_target(args) -> dict | None:
+    """{name, memory, source, capability} for --gpu / --memory; None when neither is given."""
+    from diag.memory.units import fmt_bytes, parse_size
+
+    if args.gpu and args.memory:
+        raise DiagError("give either --gpu NAME or --memory SIZE, not both")
+    if args.memory:
+        n = parse_size(args.memory)
+        return {"name": f"a {fmt_bytes(n)} device", "memory": n, "source": "--memory", "capability": None}
+    if args.gpu:
+        from diag.cost.catalog import load_catalog
+
+        gpu = load_catalog().get(args.gpu)
+        if not gpu.memory_gb:
+            raise DiagError(f"the catalogue has no memory size for {gpu.name}; give --memory SIZE instead")
+        per = max(1, int(gpu.devices_per_card or 1))
+        n = int(gpu.memory_gb * 1e9 / per)
+        cap = next((c for prefix, c in _CAPABILITY if gpu.id.startswith(prefix)), None)
+        return {"name": gpu.name, "id": gpu.id, "memory": n,
+                "source": f"catalogue: {gpu.memory_gb:g} GB" + (f" per card / {per} devices" if per > 1 else ""),
+                "capability": cap}
+    return None
+
+
+def run(args) -> int:
+    if args.from_ and args.script:
+        raise DiagError("give either --script (run a script) or --from (a saved plan), not both")
+    if not args.from_ and not args.script:
+        raise DiagError("nothing to plan: give --script PATH (and --gpu NAME or --memory SIZE)",
+                        hint="diag memory --help shows the options")
+    target = resolve_target(args)
+    if args.from_:
+        from diag.evidence import load_evidence
+        from diag.memory.report import build_memory_plan
+
+        ev = load_evidence(args.from_)
+        plan = ev.memory_plan or build_memory_plan(ev, target)
+        return _emit(args, ev, plan, from_saved=True)
+    return _run_script(args, target)
+
+
+def _run_script(args, target: dict | None) -> int:
+    import os
+
+    from diag.memory.report import build_memory_plan
+    from diag.runner import Run
+
+    cfg = run_config(args, echo="stderr")
+    if cfg.steps is None:
+        cfg.steps = 1
+    env = {"DIAG_MEMORY_ESTIMATE": "plan", "DIAG_MEMORY_HEADROOM": str(args.headroom),
+           "DIAG_MEMORY_BUDGET_S": str(args.budget)}
+    disabled = [x for x in os.environ.get("DIAG_PROBE_DISABLE", "").split(",") if x.strip()]
+    env["DIAG_PROBE_DISABLE"] = ",".join(disabled + ["flopcounter"])   # no FLOP counting in this step
+    if target:
+        env["DIAG_MEMORY_CAPACITY"] = str(target["memory"])
+        env["DIAG_MEMORY_TARGET_NAME"] = target["name"]
+        if target.get("capability"):
+            env["DIAG_MEMORY_CAPABILITY"] = ".".join(str(x) for x in target["capability"])
+    if args.batch:
+        env["DIAG_MEMORY_BATCH"] = str(args.batch)
+    if args.eval_batch:
+        env["DIAG_MEMORY_EVAL_BATCH"] = str(args.eval_batch)
+    cfg.env.update(env)
+    run = Run(cfg)
+    sys.stderr.write(f"diag: running {run.script} for {cfg.steps} step(s) under the probe "
+                     f"(run directory {run.run_dir})\n")
+    sys.stderr.flush()
+    run.start()
+    try:
+        run.wait()
+    except KeyboardInterrupt:
+        ev = run.evidence
+        ev.run.status = "interrupted"
+        run.save()
+        return ExitCode.INTERRUPTED
+    ev = run.evidence
+    if target is None:
+        dev = (ev.primary.memory or {}).get("device") if ev.ranks else None
+        if dev:
+            target = {"name": dev.get("name"), "memory": dev.get("total"), "source": "the GPU the script ran on",
+                      "capability": dev.get("capability")}
+    plan = build_memory_plan(ev, target)
+    with run.lock:
+        ev.memory_plan = plan
+    run.save()
+    return _emit(args, ev, plan)
+
+
+def exit_code(ev, plan: dict) -> int:
+    if plan["status"] == "ok":
+        return ExitCode.FINDINGS if plan["verdict"].get("fits") is False else ExitCode.OK
+    if plan["status"] == "none" and ev.run.status in ("failed", "oom", "killed"):
+        return ExitCode.SCRIPT_FAILED
+    return ExitCode.FINDINGS
+
+
+def _emit(args, ev, plan: dict, from_saved: bool = False) -> int:
+    code = exit_code(ev, plan)
+    if args.format == "json":
+        out = {"schema_version": 1, "tool": "diag memory",
+               "run": {"id": ev.run.id, "script": ev.run.script, "status": ev.run.status,
+                       "run_dir": ev.run.run_dir},
+               "exit_code": code, "plan": plan}
+        sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
+    else:
+        from rich.console import Console
+
+        from diag.memory.report import render_plan
+
+        render_plan(plan, Console(soft_wrap=False), script=ev.run.script)
+        if ev.run.status in ("failed", "oom") and plan["status"] != "ok":
+            sys.stderr.write(f"diag: the script {ev.run.status}; its output is in {ev.run.log_path}\n")
+    return code

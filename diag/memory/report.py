@@ -1,0 +1,180 @@
+"""``Evidence.memory_plan``: the memory plan assembled from a rank's ``memory.estimate`` and the
+target device, and its text rendering. Pure Python (rich for the text), no torch.
+
+Shape (documented in docs/memory.md)::
+
+    {"status": "ok" | "skipped" | "none", "reason": str | None,
+     "target": {"name", "memory", "source", "capability"} | None,
+     "rank": 0,
+     "verdict": {"target_batch", "observed_batch", "fits", "peak_device", "usable", "max_batch",
+                 "max_eval_batch", "eval_batch", "accumulation"},
+     "estimate": {...the rank's memory.estimate...},
+     "live": {"breakdown", "device", "oom"}}
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from diag.memory.units import fmt_bytes
+
+CATEGORY_LABELS = (("parameters", "params"), ("gradients", "grads"), ("optimizer_state", "optim"),
+                   ("activations", "activ"), ("other", "other"))
+
+
+def eval_batch_observed(rank) -> int | None:
+    """Batch size of the evaluation forwards that ran without building a graph."""
+    best = None
+    for s in rank.forwards:
+        if s.training or (s.grad_enabled and not s.inference_mode):
+            continue
+        if s.input_shapes and s.input_shapes[0]:
+            b = int(s.input_shapes[0][0])
+            best = b if best is None else max(best, b)
+    return best
+
+
+def build_memory_plan(ev, target: dict | None = None) -> dict[str, Any]:
+    r = ev.primary
+    mem = r.memory if isinstance(r.memory, dict) else {}
+    est = mem.get("estimate")
+    live = {k: mem.get(k) for k in ("breakdown", "device", "oom") if mem.get(k) is not None}
+    plan: dict[str, Any] = {"status": "none", "reason": None, "target": target, "rank": r.rank,
+                            "verdict": None, "estimate": est, "live": live}
+    if not est:
+        status = ev.run.status
+        if r.step_stats.count == 0 and status in ("failed", "oom", "killed"):
+            plan["reason"] = f"the script {status} before its first training step, so no batch was captured"
+        elif r.step_stats.count == 0:
+            plan["reason"] = "no training step was observed (no forward, backward and optimizer step)"
+        else:
+            plan["reason"] = "the replay did not run"
+        return plan
+    if est.get("status") == "skipped":
+        plan["status"] = "skipped"
+        plan["reason"] = est.get("reason")
+        return plan
+    plan["status"] = "ok"
+    at = est.get("at_target") or {}
+    ev_part = est.get("eval") or {}
+    acc = est.get("accumulation")
+    plan["verdict"] = {
+        "observed_batch": est.get("observed_batch"), "target_batch": est.get("target_batch"),
+        "fits": at.get("fits"), "peak_allocated": at.get("allocated"), "peak_device": at.get("device"),
+        "capacity": est.get("capacity"), "usable": est.get("usable"), "max_batch": est.get("max_batch"),
+        "max_eval_batch": ev_part.get("max_batch"), "eval_batch": eval_batch_observed(r),
+        "accumulation": acc,
+    }
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------------
+# text
+
+def render_plan(plan: dict, console, script: str | None = None) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    tgt = plan.get("target") or {}
+    est = plan.get("estimate") or {}
+    head = "Memory plan" + (f" for {script}" if script else "")
+    if tgt.get("name"):
+        head += f" on {tgt['name']}"
+    console.print(Text(head, style="bold"))
+    if plan["status"] != "ok":
+        word = "skipped" if plan["status"] == "skipped" else "no plan"
+        console.print(f"[yellow]{word}[/]: {plan.get('reason')}")
+        _render_live(plan, console)
+        return
+    v = plan["verdict"]
+    rep = est.get("replay") or {}
+    cap = est.get("capacity")
+    if cap:
+        src = tgt.get("source") or est.get("capacity_source") or "given"
+        console.print(f"device memory {fmt_bytes(cap)} ({src}); {est.get('headroom', 0.1):.0%} headroom -> "
+                      f"{fmt_bytes(est.get('usable'))} usable")
+    else:
+        console.print("[yellow]no target device[/]: give --gpu NAME or --memory SIZE to find the largest batch "
+                      "that fits")
+    opts = ", ".join(rep.get("optimizers") or []) or "none"
+    console.print(f"replayed on fake {rep.get('replay_device', 'cpu').upper()} tensors: model {rep.get('model')}, "
+                  f"optimizer {opts}, autocast {rep.get('autocast') or 'off'}, "
+                  f"zero_grad(set_to_none={rep.get('zero_grad_set_to_none')}); observed batch "
+                  f"{est.get('observed_batch')}; {est.get('replays')} replays in {est.get('seconds')} s")
+    rows = [p for p in est.get("points") or [] if p["batch"] in set(est.get("table") or [])] or \
+        list(est.get("points") or [])
+    top = max([p.get("device") or 0 for p in rows] + [1])
+    unit, div = ("GiB", 1 << 30) if top >= (1 << 30) else ("MiB", 1 << 20)
+
+    def num(n) -> str:
+        return "N/A" if n is None else f"{n / div:,.2f}" if unit == "GiB" else f"{n / div:,.1f}"
+
+    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold",
+              title=f"estimated peak per training step ({unit})", title_justify="left")
+    t.add_column("batch", justify="right")
+    for _, label in CATEGORY_LABELS:
+        t.add_column(label, justify="right")
+    t.add_column("allocated", justify="right")
+    t.add_column("device", justify="right")
+    if cap:
+        t.add_column("fits", justify="center")
+    target = v.get("target_batch")
+    for p in rows:
+        c = p.get("categories", {})
+        mark = "*" if p["batch"] == target else " "
+        row = [f"{p['batch']:,}{mark}"] + [num(c.get(k, 0)) for k, _ in CATEGORY_LABELS] + \
+              [num(p.get("allocated")), num(p.get("device"))]
+        if cap:
+            row.append("[green]yes[/]" if p.get("fits") else "[red]no[/]")
+        t.add_row(*row)
+    console.print(t)
+    console.print("allocated ~ torch.cuda.max_memory_allocated (replay peak + cuBLAS/cuDNN workspaces); device "
+                  "adds the allocator's cache and the CUDA context; * your batch")
+    if cap:
+        mb = v.get("max_batch")
+        search = est.get("search") or {}
+        if mb:
+            lim = " (the search limit)" if search.get("first_fail") is None else ""
+            console.print(f"[bold]largest training batch that fits: {mb:,}[/]{lim} "
+                          f"(bisection, {search.get('trials')} replays)")
+        if v.get("fits") is True:
+            console.print(f"[green]your batch {target:,} fits[/]: estimated {fmt_bytes(v.get('peak_device'))} "
+                          f"of {fmt_bytes(v.get('usable'))} usable")
+        elif v.get("fits") is False:
+            console.print(f"[red]your batch {target:,} does not fit[/]: estimated {fmt_bytes(v.get('peak_device'))} "
+                          f"> {fmt_bytes(v.get('usable'))} usable")
+            acc = v.get("accumulation")
+            if acc:
+                exact = "" if acc.get("exact") else " (the last micro-batch is smaller)"
+                console.print(f"keep the effective batch {acc['effective_batch']:,} with micro-batch "
+                              f"{acc['micro_batch']:,} x {acc['steps']} gradient accumulation steps{exact}:")
+                console.print(Text(acc.get("snippet", ""), style="cyan"))
+            else:
+                console.print("not even one sample per step fits: parameters, gradients and optimizer state alone "
+                              "exceed the device; use bf16 weights, an 8-bit or sharded optimizer (FSDP/ZeRO), or "
+                              "a larger device")
+        me = v.get("max_eval_batch")
+        if me:
+            cur = v.get("eval_batch")
+            extra = f" (the script evaluates at {cur:,})" if cur else ""
+            console.print(f"[bold]largest evaluation batch under inference_mode: {me:,}[/]{extra}")
+    al = (est.get("at_target") or {}).get("allowances") or {}
+    if al:
+        console.print("allowances added to the replay: " + ", ".join(
+            f"{k.replace('_', ' ')} {fmt_bytes(b)}" for k, b in al.items()) + " (docs/memory.md)")
+    for n in list(rep.get("notes") or []) + list(est.get("notes") or []):
+        console.print(f"[yellow]note[/]: {n}")
+    _render_live(plan, console)
+
+
+def _render_live(plan: dict, console) -> None:
+    live = plan.get("live") or {}
+    b = live.get("breakdown")
+    if b:
+        c = b.get("categories", {})
+        parts = ", ".join(f"{label} {fmt_bytes(c.get(k, 0))}" for k, label in CATEGORY_LABELS)
+        dev = (live.get("device") or {}).get("name", "the GPU")
+        console.print(f"measured on {dev}: peak {fmt_bytes(b.get('peak'))} allocated at step {b.get('step')} "
+                      f"({parts})")
+    oom = live.get("oom")
+    if oom:
+        console.print(f"[red]the script ran out of memory at step {oom.get('step')}[/]")

@@ -1,0 +1,433 @@
+"""Probe extension: memory. Runs in the user's process; writes into the rank section ``memory``.
+
+What it records (shapes in docs/memory.md):
+
+* ``memory.persistent`` once, after step 1, on every run: parameter, buffer, gradient and optimizer
+  state bytes of the live model and optimizer (any device).
+* CUDA runs only (skipped cleanly otherwise): ``memory.device`` once; ``memory.steps`` one record
+  per step from ``torch.cuda.memory_stats()`` (allocated, reserved, running peaks, allocation
+  retries, OOMs, inactive split bytes); ``memory.breakdown`` (the peak split into parameters,
+  gradients, optimizer state, activations, other) at each step whose peak rose.
+* ``memory.capture``: the structure, shapes and dtypes of the first training forward's inputs
+  (never the tensors: the shapes are copied and the references dropped at once).
+* ``memory.oom`` when the script dies of an out-of-memory error: the allocator's state at that
+  moment and the numbers parsed from the message.
+* ``memory.estimate``: the fake-tensor replay of the step and the plan (:mod:`diag.memory.plan`).
+  It runs once, and only when asked (``DIAG_MEMORY_ESTIMATE=1|plan``, set by ``diag memory``), after
+  step ``DIAG_MEMORY_AT_STEP`` (1), or when a CUDA OOM ends the run (``DIAG_MEMORY_ON_OOM=0``
+  turns that off): the run is dying anyway and the plan is what the OOM finding needs. The step
+  after the replay is marked ``instrumented`` (timing statistics leave it out).
+
+Configuration (environment): ``DIAG_MEMORY_CAPACITY`` (bytes of the target device; default: the live
+CUDA device), ``DIAG_MEMORY_CAPABILITY`` ("9.0"), ``DIAG_MEMORY_HEADROOM`` (0.1),
+``DIAG_MEMORY_BATCH`` (the training batch to plan for; default: the observed one),
+``DIAG_MEMORY_EVAL_BATCH``, ``DIAG_MEMORY_BUDGET_S`` (120; 30 after an OOM).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+import weakref
+from typing import Any
+
+MAX_STEP_RECORDS = 2000
+PEAK_RISE = 0.01            # recompute the breakdown when the running peak rises by more than 1%
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        v = int(float(os.environ.get(name, "") or 0))
+        return v if v > 0 else None
+    except ValueError:
+        return None
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+class MemoryProbe:
+    def __init__(self) -> None:
+        mode = os.environ.get("DIAG_MEMORY_ESTIMATE", "").strip().lower()
+        self.mode = "" if mode in ("", "0", "no", "off", "false") else ("plan" if mode == "plan" else "estimate")
+        self.at_step = _env_int("DIAG_MEMORY_AT_STEP") or 1
+        self.on_oom = os.environ.get("DIAG_MEMORY_ON_OOM", "1").strip().lower() not in ("0", "no", "off", "false")
+        self._model_ref = None
+        self._spec = None
+        self._spec_error: str | None = None
+        self._autocast: str | None = None
+        self._opts: dict[int, Any] = {}
+        self._hook = None
+        self._estimated = False
+        self._mark_next = False
+        self._persistent_done = False
+        self._cuda_dev = None            # torch.device when the run uses CUDA
+        self._device_emitted = False
+        self._last_peak = 0
+        self._replaying = False
+
+    # ---- interface --------------------------------------------------------------------------------
+    def install(self, probe) -> None:
+        # a pre-hook: the probe closes the step in its post-hook, which may run before ours
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._hook = register_optimizer_step_pre_hook(self._on_opt_step)
+
+    def uninstall(self, probe) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _on_opt_step(self, opt, args, kwargs):
+        if self._replaying:
+            return None
+        ref = self._opts.get(id(opt))
+        if ref is None or ref() is not opt:
+            try:
+                self._opts[id(opt)] = weakref.ref(opt)
+            except TypeError:
+                pass
+        return None
+
+    def on_forward(self, probe, module, args, kwargs, output, training) -> None:
+        if self._spec is not None or self._spec_error is not None:
+            return
+        self._capture(probe, module, args, kwargs)
+
+    def on_step_start(self, probe, index: int) -> None:
+        if self._mark_next and probe._step is not None:
+            probe._step.instrumented = True
+            self._mark_next = False
+
+    def on_step_end(self, probe, step: dict) -> None:
+        idx = int(step.get("index") or 0)
+        if not self._persistent_done:
+            self._persistent_done = True
+            self._emit_persistent(probe)
+        self._cuda_step(probe, idx)
+        if self.mode and not self._estimated and idx >= self.at_step:
+            self._estimate(probe, trigger="requested", budget=_env_float("DIAG_MEMORY_BUDGET_S", 120.0))
+            self._mark_next = True
+
+    def on_exit(self, probe, status) -> None:
+        exc = sys.exc_info()[1]
+        try:
+            from diag.probe.core import is_oom
+            oom = status == "oom" or (exc is not None and is_oom(exc))
+        except Exception:
+            oom = status == "oom"
+        if oom:
+            self._record_oom(probe, exc)
+        cuda_oom = oom and exc is not None and ("cuda" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError")
+        if not self._estimated and ((self.mode and probe.steps_done < self.at_step) or (cuda_oom and self.on_oom)):
+            if self._spec is None and self._spec_error is None and exc is not None:
+                self._capture_from_traceback(probe, exc)
+            budget = _env_float("DIAG_MEMORY_BUDGET_S", 120.0) if self.mode else \
+                _env_float("DIAG_MEMORY_OOM_BUDGET_S", 30.0)
+            self._estimate(probe, trigger="oom" if oom else "exit", budget=budget, exc=exc)
+        exc = None
+
+    # ---- capture ----------------------------------------------------------------------------------
+    def _capture(self, probe, module, args, kwargs) -> None:
+        import torch
+
+        from diag.memory.replay import InputSpec, ReplayError
+
+        try:
+            self._model_ref = weakref.ref(module)
+        except TypeError:
+            self._model_ref = None
+        try:
+            self._spec = InputSpec(args, kwargs)
+        except ReplayError as e:
+            self._spec_error = str(e)
+        dev = "cpu"
+        for p in module.parameters():
+            dev = p.device.type
+            break
+        try:
+            if torch.is_autocast_enabled(dev):
+                self._autocast = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        except Exception:
+            pass
+        rec: dict[str, Any] = {"step": probe.steps_done + 1, "autocast": self._autocast}
+        if self._spec is not None:
+            rec.update(batch=self._spec.batch, inputs=self._spec.describe()[:16])
+        else:
+            rec["error"] = self._spec_error
+        probe.emit("set", path="memory.capture", value=rec)
+
+    def _capture_from_traceback(self, probe, exc) -> None:
+        """An OOM inside the first forward: the model and its inputs are still in the traceback's
+        frames (``Module._call_impl(self, *args, **kwargs)``); take the outermost call."""
+        import torch
+
+        tb = exc.__traceback__
+        found = None
+        while tb is not None:
+            f = tb.tb_frame
+            if f.f_code.co_name in ("_call_impl", "_wrapped_call_impl"):
+                loc = f.f_locals
+                mod = loc.get("self")
+                if isinstance(mod, torch.nn.Module):
+                    found = (mod, loc.get("args", ()), loc.get("kwargs", {}) or {})
+                    break
+            tb = tb.tb_next
+        if found is not None:
+            self._capture(probe, *found)
+        found = None
+
+    # ---- live (CUDA) ------------------------------------------------------------------------------
+    def _model(self, probe):
+        m = self._model_ref() if self._model_ref is not None else None
+        if m is None and probe.last_model is not None:
+            m = probe.last_model()
+        return m
+
+    def _optimizers(self) -> list:
+        out = []
+        for ref in list(self._opts.values()):
+            o = ref()
+            if o is not None:
+                out.append(o)
+        return out
+
+    def _all_optimizers(self) -> list:
+        opts = self._optimizers()
+        if opts:
+            return opts
+        try:   # none has stepped yet (an OOM in the first step): look for live ones once
+            import torch
+
+            base = torch.optim.Optimizer
+            return [o for o in gc.get_objects() if issubclass(type(o), base)]
+        except Exception:
+            return []
+
+    def _cuda_device(self, probe):
+        if self._cuda_dev is not None:
+            return self._cuda_dev
+        try:
+            import torch
+
+            if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+                return None
+            m = self._model(probe)
+            dev = None
+            if m is not None:
+                for p in m.parameters():
+                    if p.device.type == "cuda":
+                        dev = p.device
+                    break
+            if dev is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+            self._cuda_dev = dev
+            return dev
+        except Exception:
+            return None
+
+    def _cuda_step(self, probe, idx: int) -> None:
+        dev = self._cuda_device(probe)
+        if dev is None:
+            return
+        import torch
+
+        from diag.memory.breakdown import live_breakdown, step_record
+
+        rec = step_record(torch.cuda.memory_stats(dev), idx)
+        if rec is None:
+            return
+        if not self._device_emitted:
+            self._device_emitted = True
+            p = torch.cuda.get_device_properties(dev)
+            probe.emit("set", path="memory.device", value={
+                "type": "cuda", "index": dev.index, "name": p.name, "total": int(p.total_memory),
+                "capability": [p.major, p.minor]})
+        probe.emit("append", path="memory.steps", value=rec, limit=MAX_STEP_RECORDS)
+        peak = rec.get("peak") or 0
+        if idx <= 2 or peak > self._last_peak * (1 + PEAK_RISE):
+            self._last_peak = peak
+            pers = self._persistent(probe, device_type="cuda")
+            if pers is not None:
+                b = live_breakdown(rec, pers)
+                probe.emit("set", path="memory.breakdown", value=b)
+
+    def _persistent(self, probe, device_type: str | None = None) -> dict | None:
+        model = self._model(probe)
+        if model is None:
+            return None
+        seen: set = set()
+
+        def nbytes(t) -> int:
+            if device_type is not None and t.device.type != device_type:
+                return 0
+            try:
+                st = t.untyped_storage()
+                key = (t.device.type, st.data_ptr())
+                if key in seen:
+                    return 0
+                seen.add(key)
+                return int(st.nbytes())
+            except Exception:
+                return int(t.numel() * t.element_size())
+
+        params = sum(nbytes(p) for p in model.parameters())
+        buffers = sum(nbytes(b) for b in model.buffers())
+        grads = sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None)
+        opt = 0
+        import torch
+
+        for o in self._optimizers():
+            for st in o.state.values():
+                for v in st.values():
+                    if isinstance(v, torch.Tensor):
+                        opt += nbytes(v)
+        return {"params": params, "buffers": buffers, "grads": grads, "optimizer_state": opt,
+                "device": device_type or "any"}
+
+    def _emit_persistent(self, probe) -> None:
+        pers = self._persistent(probe)
+        if pers is not None:
+            probe.emit("set", path="memory.persistent", value=pers)
+
+    def _record_oom(self, probe, exc) -> None:
+        from diag.memory.oom import parse_oom
+
+        rec: dict[str, Any] = {"step": probe.steps_done + 1, "parsed": parse_oom(str(exc) if exc else "")}
+        dev = self._cuda_device(probe)
+        if dev is not None:
+            try:
+                import torch
+
+                from diag.memory.breakdown import live_breakdown, step_record
+
+                st = step_record(torch.cuda.memory_stats(dev), probe.steps_done + 1)
+                rec["stats"] = st
+                rec["total"] = int(torch.cuda.get_device_properties(dev).total_memory)
+                pers = self._persistent(probe, device_type="cuda")
+                if st is not None and pers is not None:
+                    rec["breakdown"] = live_breakdown(st, pers)
+            except Exception as e:
+                rec["stats_error"] = f"{type(e).__name__}: {e}"
+        probe.emit("set", path="memory.oom", value=rec)
+
+    # ---- the replay -------------------------------------------------------------------------------
+    def _capacity(self, probe, exc=None) -> tuple[int | None, str | None, Any]:
+        cap = _env_int("DIAG_MEMORY_CAPACITY")
+        capability = None
+        c = os.environ.get("DIAG_MEMORY_CAPABILITY", "")
+        if c:
+            try:
+                capability = [int(x) for x in c.split(".")[:2]]
+            except ValueError:
+                capability = None
+        if cap:
+            return cap, os.environ.get("DIAG_MEMORY_TARGET_NAME") or "given", capability
+        dev = self._cuda_device(probe)
+        if dev is not None:
+            try:
+                import torch
+
+                p = torch.cuda.get_device_properties(dev)
+                return int(p.total_memory), p.name, [p.major, p.minor]
+            except Exception:
+                pass
+        if exc is not None:
+            from diag.memory.oom import parse_oom
+
+            parsed = parse_oom(str(exc))
+            if parsed.get("capacity"):
+                return int(parsed["capacity"]), "the OOM message's device", capability
+        return None, None, capability
+
+    def _estimate(self, probe, trigger: str, budget: float, exc=None) -> None:
+        self._estimated = True
+        t0 = time.perf_counter()
+        result: dict[str, Any]
+        was_active = probe.active
+        probe.active = False          # the replay's forwards and optimizer steps are not the user's
+        self._replaying = True
+        try:
+            result = self._plan(probe, budget, exc)
+        except Exception as e:
+            from diag.memory.replay import explain
+
+            result = {"status": "skipped", "reason": explain(e)}
+        finally:
+            probe.active = was_active
+            self._replaying = False
+            for o in list(probe._opt_start):
+                if o not in probe._optimizers:
+                    probe._opt_start.pop(o, None)
+        result["trigger"] = trigger
+        result["at_step"] = probe.steps_done
+        result["wall_s"] = round(time.perf_counter() - t0, 3)
+        probe.emit("set", path="memory.estimate", value=result)
+
+    def _plan(self, probe, budget: float, exc=None) -> dict:
+        from diag.memory.plan import HEADROOM, make_plan
+        from diag.memory.replay import ReplayError, StepReplay
+
+        if self._spec is None:
+            reason = self._spec_error or "no training forward was observed, so there is no input batch to replay"
+            return {"status": "skipped", "reason": reason}
+        model = self._model(probe)
+        if model is None:
+            return {"status": "skipped", "reason": "the model was no longer alive when the replay was due"}
+        opts = self._all_optimizers()
+        set_to_none = None
+        for o in opts:
+            info = probe._optimizers.get(id(o)) if hasattr(probe, "_optimizers") else None
+            if info and info.get("zero_grad_set_to_none") is not None:
+                set_to_none = info["zero_grad_set_to_none"]
+        try:
+            replay = StepReplay(model, opts, self._spec, autocast=self._autocast,
+                                set_to_none=True if set_to_none is None else set_to_none)
+        except ReplayError as e:
+            return {"status": "skipped", "reason": str(e)}
+        capacity, cap_name, capability = self._capacity(probe, exc)
+        facts: dict[str, Any] = {}
+        ddp = _ddp_of(model)
+        if ddp is not None and not getattr(ddp, "gradient_as_bucket_view", False):
+            facts["ddp_grad_bytes"] = sum(p.numel() * p.element_size() for p in replay.model.parameters()
+                                          if p.requires_grad)
+        first = replay.train(self._spec.batch)      # raises ReplayError: skipped with the reason
+        facts.update(first["uses"])
+        headroom = _env_float("DIAG_MEMORY_HEADROOM", HEADROOM)
+        cached = {(self._spec.batch, 1): first}
+
+        def train(b, a):
+            r = cached.get((b, a))
+            if r is None:
+                r = cached[(b, a)] = replay.train(b, a)
+            return r
+
+        plan = make_plan(train, replay.eval, observed_batch=self._spec.batch,
+                         target_batch=_env_int("DIAG_MEMORY_BATCH"),
+                         eval_batch=_env_int("DIAG_MEMORY_EVAL_BATCH"), capacity=capacity,
+                         headroom=headroom, capability=capability, facts=facts, budget_s=budget,
+                         table=self.mode == "plan")
+        plan["capacity_source"] = cap_name
+        plan["replay"] = replay.describe()
+        return plan
+
+
+def _ddp_of(model):
+    """The DistributedDataParallel wrapper around the model, if any (through torch.compile)."""
+    m = model
+    for _ in range(4):
+        name = type(m).__name__
+        if name == "DistributedDataParallel":
+            return m
+        if name == "OptimizedModule" and hasattr(m, "_orig_mod"):
+            m = m._orig_mod
+        elif name == "DataParallel" and hasattr(m, "module"):
+            m = m.module
+        else:
+            return None
+    return None
