@@ -365,6 +365,7 @@ class Probe:
         self.epoch = 0
         self._step: _Step | None = None
         self._last_boundary: float | None = None
+        self.step_closed_at: float = 0.0
         self._models: dict[int, int] = {}        # id(module) -> model id
         self._model_device: dict[int, str] = {}  # model id -> device type of its first parameter
         self._model_refs: dict[int, Any] = {}    # model id -> weakref
@@ -848,6 +849,7 @@ class Probe:
             self._emit_loaders()
             self._emit_optimizers()
             self.emit("env", **environment())
+        self.step_closed_at = time.perf_counter()   # the probe's own end-of-step work ends here
         if self.max_steps is not None and step.index >= self.max_steps:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
 
