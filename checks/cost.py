@@ -14,6 +14,7 @@ DATA_SHARE = 0.10       # TraceML warns at 10% input wait
 OTHER_SHARE = 0.20
 OPT_SHARE = 0.20
 SMALL_BATCH = 16
+SMALL_BATCH_TOKENS = 8192
 
 
 def _sci(x) -> str:
@@ -61,8 +62,10 @@ def _hints(r, m: dict, s: dict, ev) -> list[tuple[str, str, str | None]]:
                     "Train under bf16 autocast (fp16 with a GradScaler on GPUs without bf16).",
                     "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(x)"))
     samples = m.get("samples")
-    if samples and samples < SMALL_BATCH and s.get("mfu") is not None and s["mfu"] < LOW_MFU:
-        out.append((0.3, f"the batch is small ({samples} samples per step): small matrix multiplies use a "
+    tokens = m.get("tokens")
+    if samples and samples < SMALL_BATCH and (not tokens or tokens < SMALL_BATCH_TOKENS) \
+            and s.get("mfu") is not None and s["mfu"] < LOW_MFU:
+        out.append((0.15, f"the batch is small ({samples} samples per step): small matrix multiplies use a "
                          "fraction of the GPU",
                     "Raise the batch size if memory allows (see `diag memory` for the largest that fits).", None))
     if m.get("recompute_detected") and s.get("hfu") and s.get("mfu"):
