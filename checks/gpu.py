@@ -325,7 +325,7 @@ def gpu_throttling(ev):
         yield skipped(cid, title, "The driver reported no clock event (throttle) reasons for these GPUs "
                                   f"(NotSupported or no samples){lab}.")
         return
-    thermal, power = [], []
+    thermal, power, recs = [], [], []
     numbers: dict = {"devices": len(readable), "decided_by": how}
     for d in readable:
         s = d.get("series") or {}
@@ -341,14 +341,23 @@ def gpu_throttling(ev):
         rec = {"index": d["index"], "thermal_share": len(th) / len(known), "power_share": len(pw) / len(known),
                "samples": len(known), "temp_max": st.get("temp_max"),
                "clock_throttled": mean(c for _, c in th if c is not None) if th else None,
-               "clock_free": mean(free) if free else st.get("sm_clock_max"),
+               "clock_free": mean(free) if free else None, "name": d.get("name"),
                "power_limit_w": d.get("power_limit_w"), "default_power_limit_w": d.get("default_power_limit_w"),
                "reasons": st.get("throttle_counts") or {}}
+        recs.append(rec)
         if rec["thermal_share"] >= THERMAL_SHARE_WARN:
             thermal.append(rec)
         if pw:
             rec["clock_power"] = mean(c for _, c in pw if c is not None)
             power.append(rec)
+    # a GPU throttled all along: compare with the unthrottled clock of its siblings (same model)
+    free_by_name: dict = {}
+    for r in recs:
+        if r["clock_free"]:
+            free_by_name.setdefault(r["name"], []).append(r["clock_free"])
+    for r in recs:
+        if not r["clock_free"] and free_by_name.get(r["name"]):
+            r["clock_free"] = mean(free_by_name[r["name"]])
     numbers["thermal"] = {str(r["index"]): round(r["thermal_share"], 3) for r in thermal}
     numbers["power_cap"] = {str(r["index"]): round(r["power_share"], 3) for r in power}
     lowered = [r for r in power if r["power_share"] >= THERMAL_SHARE_WARN and _lowered(r)]

@@ -385,7 +385,8 @@ class SimulatedProvider:
         sm = m.sm_clock_max * (0.97 + 0.02 * noise(seed, i, 6, e)) if busy > 0.05 else 345.0
         reasons: tuple[str, ...] = () if busy > 0.05 else ("gpu_idle",)
         if d.throttle == "thermal" and active:
-            temp = 83.0 + 6.0 * warm + 3.0 * math.sin(2 * math.pi * e / 10.0 + i) + 0.8 * noise(seed, i, 5, e)
+            hot = 83.0 + 6.0 * warm + 3.0 * math.sin(2 * math.pi * e / 10.0 + i) + 0.8 * noise(seed, i, 5, e)
+            temp = temp + (hot - temp) * _clamp((e - 0.8) / 2.0, 0.0, 1.0)    # heats up over 2 s
             if temp >= 84.0:
                 reasons = ("sw_thermal",) + (("hw_thermal",) if temp >= 89.0 else ())
                 sm = m.sm_clock_max * (0.6 + 0.04 * noise(seed, i, 6, e))
