@@ -106,14 +106,25 @@ class ReplaySource(Source):
 
     @property
     def log_path(self) -> str | None:
+        """The saved run's log.txt: where the evidence says, else beside the evidence file (a run
+        directory copied elsewhere)."""
+        import os
+
+        cands = [self.evidence.run.log_path]
+        if self.path:
+            base = self.path if os.path.isdir(self.path) else os.path.dirname(self.path)
+            cands.append(os.path.join(base, "log.txt"))
+        for c in cands:
+            if c and os.path.isfile(c):
+                return c
         return self.evidence.run.log_path
 
     def take_logs(self) -> list[tuple[str, str]]:
-        """The saved run's log.txt, when it is still where the evidence says (read once)."""
+        """The saved run's log (read once)."""
         if self._logs_read:
             return []
         self._logs_read = True
-        path = self.evidence.run.log_path
+        path = self.log_path
         if not path:
             return []
         try:

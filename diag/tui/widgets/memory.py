@@ -68,8 +68,8 @@ def breakdown_renderable(cats: dict, what: str, width: int):
         v = int(cats.get(key) or 0)
         if not total or not v:
             continue
-        n = max(1, round(v / total * bar_w))
-        n = min(n, bar_w - used)
+        n = max(1, round(v / total * width))
+        n = min(n, width - used)
         stacked.append("█" * n, style=style)
         used += n
     return Group(Text(what, style="dim"), stacked, t)
@@ -211,7 +211,7 @@ class MemoryPane(Pane):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="memory-scroll"):
             yield Static(id="memory-oom")
-            yield Static(Text("where the memory goes", style="bold"), classes="section")
+            yield Static(Text("where the memory goes", style="bold"), classes="section first")
             yield Static(id="memory-breakdown")
             yield Static(Text("the device over the steps", style="bold"), id="memory-device-title",
                          classes="section")
