@@ -881,7 +881,10 @@ def _optimizer_alive() -> bool:
     try:
         import torch
 
-        return any(isinstance(o, torch.optim.Optimizer) for o in gc.get_objects())
+        opt_cls = torch.optim.Optimizer
+        # type(o), not isinstance: isinstance may consult o.__class__, which some deprecated
+        # torch objects answer with a FutureWarning in the user's output
+        return any(issubclass(type(o), opt_cls) for o in gc.get_objects())
     except Exception:
         return False
 
