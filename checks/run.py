@@ -21,7 +21,8 @@ def run_failed(ev):
         return
     excs = [(r.rank, e) for r in ev.ranks for e in r.exceptions]
     if excs:
-        rank, exc = excs[0]
+        # several ranks: the first to fail is the cause, the others' errors its consequences
+        rank, exc = min(excs, key=lambda x: (ev.rank(x[0]).started_at or 0.0) + (x[1].t or 0.0))
         where = f" on rank {rank}" if ev.multi_rank else ""
         yield Finding(
             id="run.failed", severity=Severity.ERROR, title="The script failed",

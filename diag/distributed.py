@@ -105,9 +105,10 @@ def _has(args: list[str], flag: str) -> bool:
     return any(a in names or any(a.startswith(n + "=") for n in names) for a in args)
 
 
-def validate_torchrun(nproc, torchrun_args: list[str]) -> int | str:
+def validate_torchrun(nproc, torchrun_args: list[str], python: str | None = None) -> int | str:
     """Check the launcher options before launch; returns the normalised --nproc-per-node.
-    Every problem is a DiagError with one sentence."""
+    Every problem is a DiagError with one sentence. With ``python``, ``gpu``/``xpu`` are checked
+    against that interpreter's torch (a subprocess: diag's own process does not import torch)."""
     args = [str(a) for a in (torchrun_args or [])]
     if nproc is None:
         if args:
@@ -156,7 +157,25 @@ def validate_torchrun(nproc, torchrun_args: list[str]) -> int | str:
         if backend == "static" and not endpoint and node_rank is None:
             raise DiagError(f"--nnodes {_opt(args, '--nnodes')} with --master-addr needs --node-rank "
                             "(0 on the node at --master-addr, 1, 2, ... on the others)")
+    if python and n in ("gpu", "xpu"):
+        _check_accelerator(python, n)
     return n
+
+
+def _check_accelerator(python: str, kind: str) -> None:
+    import subprocess
+
+    mod = "cuda" if kind == "gpu" else "xpu"
+    code = (f"import sys, torch; m = getattr(torch, {mod!r}, None); "
+            "sys.exit(0 if m is not None and m.is_available() and m.device_count() > 0 else 3)")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return          # cannot tell: torchrun will say
+    if r.returncode == 3:
+        name = "CUDA GPU" if kind == "gpu" else "XPU"
+        raise DiagError(f"--nproc-per-node {kind} starts one process per {name}, and torch sees none on "
+                        f"this machine; give a number of processes instead (e.g. --nproc-per-node 2)")
 
 
 # ---------------------------------------------------------------------------------------------------

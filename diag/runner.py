@@ -96,7 +96,7 @@ class Run:
             raise DiagError(f"--max-time must be a positive number of seconds, not {config.max_time}")
         from diag.distributed import validate_torchrun
 
-        config.nproc_per_node = validate_torchrun(config.nproc_per_node, config.torchrun_args)
+        config.nproc_per_node = validate_torchrun(config.nproc_per_node, config.torchrun_args, config.python)
         if config.run_dir:
             self.run_dir = Path(config.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,73 @@ def add_run_arguments(p: argparse.ArgumentParser, script_required: bool = False)
                         "starved, container (diag gpus --list-scenarios)")
     g.add_argument("--gpu-interval", type=gpu_interval, default=1.0, metavar="SECONDS",
                    help="seconds between GPU samples while the script runs (default: 1; at least 0.1)")
+    add_torchrun_arguments(p)
+
+
+def _argtype(parse):
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def add_torchrun_arguments(p: argparse.ArgumentParser) -> None:
+    """Multi-process runs: the script is launched through torch.distributed.run (torchrun) with
+    the probe in every rank; these options are torchrun's own, passed through (docs/distributed.md)."""
+    from diag.distributed import parse_endpoint, parse_nnodes, parse_nproc, parse_port
+
+    g = p.add_argument_group("multi-process runs (launched through torchrun, the probe in every rank)")
+    g.add_argument("--nproc-per-node", type=_argtype(parse_nproc), metavar="N",
+                   help="run the script under torchrun with N processes on this node "
+                        "(a number, or cpu, gpu, auto, xpu as torchrun accepts)")
+    g.add_argument("--nnodes", type=_argtype(lambda t: (parse_nnodes(t), t)[1]), metavar="N|MIN:MAX",
+                   help="number of nodes (torchrun); run diag on every node, each writes its own run "
+                        "directory; judge them together with diag check --from A --from B")
+    g.add_argument("--node-rank", type=_non_negative_int, metavar="N", help="this node's rank (torchrun)")
+    g.add_argument("--master-addr", metavar="HOST", help="address of the node with --node-rank 0 (torchrun)")
+    g.add_argument("--master-port", type=_argtype(parse_port), metavar="PORT",
+                   help="a free port on the master node (torchrun)")
+    g.add_argument("--rdzv-endpoint", type=_argtype(parse_endpoint), metavar="HOST[:PORT]",
+                   help="rendezvous endpoint (torchrun; with --rdzv-backend c10d)")
+    g.add_argument("--rdzv-backend", metavar="NAME", help="rendezvous backend, e.g. c10d (torchrun)")
+    g.add_argument("--rdzv-id", metavar="ID", help="job id shared by every node (torchrun)")
+    g.add_argument("--rdzv-conf", metavar="K=V,...", help="rendezvous configuration (torchrun)")
+    g.add_argument("--max-restarts", type=_non_negative_int, metavar="N",
+                   help="restarts of the worker group after a failure (torchrun; default 0)")
+    g.add_argument("--local-addr", metavar="ADDR", help="this node's address (torchrun)")
+    g.add_argument("--standalone", action="store_true",
+                   help="single-node job with a local rendezvous on a free port (torchrun)")
+    g.add_argument("--torchrun-arg", action="append", default=[], metavar="ARG",
+                   help="any other torchrun option, passed as is (repeatable), e.g. "
+                        "--torchrun-arg=--monitor-interval=1")
+
+
+def torchrun_config(args) -> tuple:
+    """(nproc_per_node, torchrun_args) from the parsed options."""
+    from diag.distributed import TORCHRUN_OPTIONS
+
+    out = []
+    for dest, flag in TORCHRUN_OPTIONS.items():
+        v = getattr(args, dest, None)
+        if v is not None:
+            out.append(f"{flag}={v}")
+    if getattr(args, "standalone", False):
+        out.append("--standalone")
+    out.extend(getattr(args, "torchrun_arg", None) or [])
+    return getattr(args, "nproc_per_node", None), out
 
 
 def run_config(args, echo: str | None):
@@ -73,4 +140,5 @@ def run_config(args, echo: str | None):
                     steps=args.steps, max_time=args.max_time, run_dir=args.run_dir, echo=echo,
                     simulate_gpus=getattr(args, "simulate_gpus", None),
                     gpu_interval=getattr(args, "gpu_interval", None) or 1.0)
+    cfg.nproc_per_node, cfg.torchrun_args = torchrun_config(args)
     return cfg

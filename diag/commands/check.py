@@ -82,6 +82,8 @@ def execute(args, echo_default: str = "stdout"):
 
     if args.from_ and args.script:
         raise DiagError("give either --script (run a script) or --from (judge saved evidence), not both")
+    if args.from_ and getattr(args, "nproc_per_node", None):
+        raise DiagError("--nproc-per-node runs a script; --from judges saved evidence without running anything")
     if not args.from_ and not args.script:
         raise DiagError("nothing to check: give --script PATH (or --from EVIDENCE)",
                         hint="diag demo runs a bundled example; diag check --help shows the options")
@@ -95,7 +97,9 @@ def execute(args, echo_default: str = "stdout"):
         from diag.runner import Run
 
         run = Run(run_config(args, echo="stderr" if machine else echo_default))
-        sys.stderr.write(f"diag: running {run.script} under the probe (run directory {run.run_dir})\n")
+        how = (f"under torchrun, {run.config.nproc_per_node} process(es) per node, the probe in every rank"
+               if run.config.nproc_per_node else "under the probe")
+        sys.stderr.write(f"diag: running {run.script} {how} (run directory {run.run_dir})\n")
         sys.stderr.flush()
         run.start()
         interrupted = False

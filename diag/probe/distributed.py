@@ -38,7 +38,7 @@ MAX_NAMES = 20
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
                "barrier", "all_to_all", "all_to_all_single", "gather", "scatter", "monitored_barrier")
-LAUNCHER_ENV = {"LOCAL_WORLD_SIZE": "local_world_size", "GROUP_RANK": "node_rank",
+LAUNCHER_ENV = {"CUDA_VISIBLE_DEVICES": "cuda_visible_devices", "LOCAL_WORLD_SIZE": "local_world_size", "GROUP_RANK": "node_rank",
                 "ROLE_WORLD_SIZE": "role_world_size", "TORCHELASTIC_RUN_ID": "run_id",
                 "TORCHELASTIC_RESTART_COUNT": "restart_count", "TORCHELASTIC_MAX_RESTARTS": "max_restarts",
                 "MASTER_ADDR": "master_addr", "MASTER_PORT": "master_port"}
@@ -457,7 +457,11 @@ class DistributedProbe:
                 m["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(dev))
                 m["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved(dev))
                 if "total_bytes" not in m:
-                    m["total_bytes"] = int(torch.cuda.get_device_properties(dev).total_memory)
+                    props = torch.cuda.get_device_properties(dev)
+                    m["total_bytes"] = int(props.total_memory)
+                    uuid = getattr(props, "uuid", None)
+                    if uuid is not None:
+                        m["device_uuid"] = str(uuid)   # the physical GPU, whatever CUDA_VISIBLE_DEVICES says
             else:
                 m.setdefault("device", "cpu")
         except Exception:

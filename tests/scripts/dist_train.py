@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 2 dist_train.py [--steps N] [--item-ms MS]
              [--slow-rank R --slow-factor F] [--crash-rank R --crash-step S]
-             [--accumulate K] [--hold-mb-rank R --hold-mb MB]
+             [--accumulate K] [--hold-mb-rank R --hold-mb MB] [--workers W] [--pid-dir DIR]
 
 Each rank reads its shard through a DataLoader whose dataset sleeps ``item-ms`` per item (the
 slow rank sleeps ``slow-factor`` times longer: a planted straggler in the input pipeline).
@@ -29,6 +29,8 @@ ap.add_argument("--crash-step", type=int, default=3)
 ap.add_argument("--accumulate", type=int, default=1)
 ap.add_argument("--hold-mb-rank", type=int, default=-1)
 ap.add_argument("--hold-mb", type=int, default=0)
+ap.add_argument("--workers", type=int, default=0)
+ap.add_argument("--pid-dir", default=None, help="write each rank's and DataLoader worker's pid here")
 args = ap.parse_args()
 
 dist.init_process_group("gloo")
@@ -52,7 +54,16 @@ class Sleepy(Dataset):
 
 delay = args.item_ms / 1000.0 * (args.slow_factor if rank == args.slow_rank else 1.0)
 ds = Sleepy(args.batch * args.steps * args.accumulate * dist.get_world_size(), delay)
-loader = DataLoader(ds, batch_size=args.batch, sampler=DistributedSampler(ds, shuffle=False))
+
+
+def note_pid(*_):
+    if args.pid_dir:
+        open(os.path.join(args.pid_dir, f"pid-{os.getpid()}"), "w").close()
+
+
+note_pid()
+loader = DataLoader(ds, batch_size=args.batch, sampler=DistributedSampler(ds, shuffle=False),
+                    num_workers=args.workers, worker_init_fn=note_pid)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 held = None
