@@ -157,6 +157,25 @@ def memory_oom(ev):
                 snippet = plan.get("snippet") or accumulation_snippet(plan)
                 evidence["accumulation"] = {k: plan[k] for k in ("micro_batch", "steps", "effective_batch")}
                 plan_fix = True
+        elif mb and mb >= batch:
+            at = est.get("at_target") or {}
+            extra = []
+            outside = nums.get("process_in_use", 0) - nums.get("reserved", nums.get("process_in_use", 0))
+            if outside > 0:
+                extra.append(f"{gib(outside)} of this process's memory was outside PyTorch's allocator "
+                             "(CUDA context, other libraries)")
+            if capacity and nums.get("process_in_use") and nums.get("free") is not None and \
+                    nums["process_in_use"] + nums["free"] < 0.95 * capacity:
+                extra.append(f"other processes held {gib(capacity - nums['process_in_use'] - nums['free'])} "
+                             "of the device")
+            fixes.append(f"replaying one step of this model on fake tensors estimates {gib(at.get('device'))} at "
+                         f"batch {batch} (up to {mb} fits {gib(est.get('capacity'))} with 10% headroom), so the "
+                         "OOM comes from what one step does not explain: " +
+                         ("; ".join(extra) + "; or " if extra else "") +
+                         "memory kept across steps (a list of losses or outputs that still hold their graphs: "
+                         "append loss.item(), not loss), a growing cache, or fragmentation")
+            evidence["estimated_peak_at_batch"] = at.get("device")
+            plan_fix = True
         elif mb == 0:
             fixes.append("even batch 1 does not fit (estimated): parameters, gradients and optimizer state "
                          "alone exceed the device; use bf16 weights, an 8-bit or sharded optimizer (FSDP), "

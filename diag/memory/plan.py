@@ -43,6 +43,7 @@ CUBLAS_WORKSPACE_HOPPER = 4096 * 8 * 1024                          # 32 MiB (sm9
 CUBLAS_THREADS = 2          # the forward's thread and the autograd engine's device thread
 
 MAX_SEARCH_BATCH = 1 << 20
+SEARCH_PRECISION = 1 / 64   # the largest batch is found to within 1.6% (a lower bound)
 MAX_TABLE_ROWS = 10
 
 
@@ -83,13 +84,21 @@ def device_figures(point: dict, facts: dict, capability=None) -> dict[str, Any]:
 # the search
 
 def largest_fitting(fits: Callable[[int], bool], start: int, limit: int = MAX_SEARCH_BATCH,
-                    should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+                    should_stop: Callable[[], bool] | None = None, precision: float = 0.0,
+                    guess: int | None = None) -> dict[str, Any]:
     """The largest batch ``b`` with ``fits(b)``, assuming ``fits`` is monotone (true up to some
     batch, false beyond). Doubling (or halving) from ``start`` brackets it, bisection narrows the
-    bracket to one batch: O(log b) trials, never a linear scan.
+    bracket: O(log b) trials, never a linear scan.
 
-    Returns ``{"max": b or 0, "first_fail": b+1 or None, "trials": [(batch, fits)], "complete": bool}``;
-    ``max`` is 0 when not even batch 1 fits; ``first_fail`` is None when ``limit`` fits.
+    ``guess`` (a predicted answer, e.g. from the peak's slope between two replays) starts the
+    bracket there with a 5% step instead of 2x, so a good guess needs a handful of trials; a bad
+    one only costs the doubling it would have cost anyway. ``precision`` stops the bisection when
+    the bracket is narrower than that fraction of the batch (0: down to one sample); the answer
+    is then a lower bound within that fraction.
+
+    Returns ``{"max": b or 0, "first_fail": the smallest batch seen not to fit or None,
+    "trials": [(batch, fits)], "complete": bool}``; ``max`` is 0 when not even batch 1 fits;
+    ``first_fail`` is None when ``limit`` fits.
     """
     trials: list[tuple[int, bool]] = []
     complete = True
@@ -99,38 +108,43 @@ def largest_fitting(fits: Callable[[int], bool], start: int, limit: int = MAX_SE
         trials.append((b, ok))
         return ok
 
+    def stop() -> bool:
+        return bool(should_stop and should_stop())
+
+    factor = 2.0
+    if guess is not None and guess >= 1:
+        start = int(guess)
+        factor = 1.05
     start = max(1, min(int(start), limit))
     lo, hi = 0, None             # lo fits (0: nothing known to fit); hi does not fit
     if test(start):
-        lo = start
-        b = start
-        while True:
-            if should_stop and should_stop():
+        lo = b = start
+        while b < limit:
+            if stop():
                 complete = False
                 break
-            if b >= limit:
-                break
-            b = min(b * 2, limit)
+            b = min(max(b + 1, int(b * factor)), limit)
+            factor = 2.0
             if test(b):
                 lo = b
             else:
                 hi = b
                 break
     else:
-        hi = start
-        b = start
+        hi = b = start
         while b > 1:
-            if should_stop and should_stop():
+            if stop():
                 complete = False
                 break
-            b = max(1, b // 2)
+            b = max(1, min(b - 1, int(b / factor)))
+            factor = 2.0
             if test(b):
                 lo = b
                 break
             hi = b
     if hi is not None:
-        while hi - lo > 1:
-            if should_stop and should_stop():
+        while hi - lo > max(1, int(lo * precision)):
+            if stop():
                 complete = False
                 break
             mid = (lo + hi) // 2
@@ -139,6 +153,23 @@ def largest_fitting(fits: Callable[[int], bool], start: int, limit: int = MAX_SE
             else:
                 hi = mid
     return {"max": lo, "first_fail": hi, "trials": trials, "complete": complete}
+
+
+def predict_batch(points: list[dict], usable: int) -> int | None:
+    """The batch at which the device figure reaches ``usable``, extrapolated linearly from two
+    replayed points (peak memory is affine in the batch size: fixed state + per-sample
+    activations); None when it cannot be predicted."""
+    pts = sorted({p["batch"]: p for p in points if p.get("device") is not None}.values(), key=lambda p: p["batch"])
+    if len(pts) < 2:
+        return None
+    a, b = pts[0], pts[-1]
+    slope = (b["device"] - a["device"]) / (b["batch"] - a["batch"])
+    if slope <= 0:
+        return None
+    x = a["batch"] + (usable - a["device"]) / slope
+    if not math.isfinite(x) or x < 1:
+        return None
+    return int(min(x, MAX_SEARCH_BATCH))
 
 
 def accumulation_plan(target: int, max_micro: int) -> dict[str, Any] | None:
@@ -209,7 +240,7 @@ def make_plan(train: Callable[[int, int], dict], evaluate: Callable[[int], dict]
               observed_batch: int, target_batch: int | None = None, eval_batch: int | None = None,
               capacity: int | None = None, headroom: float = HEADROOM, capability=None,
               facts: dict | None = None, budget_s: float = 120.0, search: bool = True,
-              table: bool = True) -> dict[str, Any]:
+              table: bool = True, precision: float = SEARCH_PRECISION) -> dict[str, Any]:
     """Replay at the batches the plan needs and assemble the ``memory.estimate`` record.
 
     ``train(batch, accumulation)`` and ``evaluate(batch)`` return replay points (see
@@ -253,6 +284,21 @@ def make_plan(train: Callable[[int, int], dict], evaluate: Callable[[int], dict]
             cache[key] = p
         return p
 
+    def _guess(mode: str, b: int, accumulation: int) -> int | None:
+        """Two replays (``b`` and ``2b`` or ``b/2``) give the slope; the search starts at the
+        predicted batch."""
+        if usable is None or over_budget():
+            return None
+        try:
+            p1 = point(mode, b, accumulation)
+            b2 = b * 2 if p1.get("fits") else max(1, b // 2)
+            if b2 == b:
+                return None
+            p2 = point(mode, b2, accumulation)
+        except Exception:   # noqa: BLE001 - the search reports failures itself
+            return None
+        return predict_batch([p1, p2], usable)
+
     at_target = point("train", target)
     out: dict[str, Any] = {
         "status": "ok", "observed_batch": int(observed_batch), "target_batch": target,
@@ -264,17 +310,20 @@ def make_plan(train: Callable[[int, int], dict], evaluate: Callable[[int], dict]
         "max_batch": None, "search": None, "accumulation": None, "eval": None,
     }
     if usable is not None and search:
-        res = largest_fitting(lambda b: fits("train", b), target, should_stop=over_budget)
+        res = largest_fitting(lambda b: fits("train", b), target, should_stop=over_budget,
+                              precision=precision, guess=_guess("train", target, 1))
         out["max_batch"] = res["max"]
         out["search"] = {"trials": len(res["trials"]), "first_fail": res["first_fail"],
-                         "complete": res["complete"], "limit": MAX_SEARCH_BATCH}
+                         "complete": res["complete"], "limit": MAX_SEARCH_BATCH, "precision": precision,
+                         "method": "bisection from a bracket around the linear prediction"}
         if not res["complete"]:
             notes.append(f"the search stopped at its time budget ({budget_s:g} s); the largest batch is "
                          "a lower bound")
         if not at_target["fits"]:
             # micro-batches with accumulation keep gradients alive through the next forward
             acc = largest_fitting(lambda b: fits("train", b, 2), max(1, res["max"] or 1),
-                                  limit=target, should_stop=over_budget)
+                                  limit=target, should_stop=over_budget, precision=precision,
+                                  guess=_guess("train", max(1, res["max"] or 1), 2))
             if acc["max"] >= 1:
                 plan = accumulation_plan(target, acc["max"])
                 if plan is not None:
@@ -290,7 +339,8 @@ def make_plan(train: Callable[[int, int], dict], evaluate: Callable[[int], dict]
         start = int(eval_batch or target)
         ev: dict[str, Any] = {"batch": start, "at_batch": point("eval", start)}
         if usable is not None and search:
-            res = largest_fitting(lambda b: fits("eval", b), start, should_stop=over_budget)
+            res = largest_fitting(lambda b: fits("eval", b), start, should_stop=over_budget,
+                                  precision=precision, guess=_guess("eval", start, 1))
             ev["max_batch"] = res["max"]
             ev["search"] = {"trials": len(res["trials"]), "first_fail": res["first_fail"],
                             "complete": res["complete"]}

@@ -360,6 +360,8 @@ def _autocast_off():
 
 def explain(e: BaseException) -> str:
     """One sentence for a replay failure."""
+    if isinstance(e, ReplayError):
+        return str(e)
     name = type(e).__name__
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     where = _user_location(e)
@@ -375,8 +377,6 @@ def explain(e: BaseException) -> str:
             (msg.split("<CustomOpDef(")[1].split(")")[0] if "<CustomOpDef(" in msg else "a custom operator")
         return (f"operator {op} has no fake (meta) kernel{at}, so the step cannot be replayed "
                 "without running it")
-    if isinstance(e, ReplayError):
-        return str(e)
     return f"the replay failed{at}: {name}: {msg[:300]}"
 
 
@@ -497,11 +497,19 @@ class StepReplay:
                 pass
         return {"tracker": tracker, "seconds": time.perf_counter() - t0}
 
-    def train(self, batch: int, accumulation: int = 1, iterations: int = 2) -> dict:
-        """Peak of ``iterations`` training steps (each of ``accumulation`` micro-batches of
-        ``batch`` samples)."""
+    def train(self, batch: int, accumulation: int = 1, iterations: int = 1) -> dict:
+        """Peak of a steady-state training step of ``accumulation`` micro-batches of ``batch``
+        samples.
+
+        The state a previous step leaves is built first, cheaply: gradients and one optimizer step
+        (the optimizer state), then ``zero_grad`` as the script calls it, then a forward under
+        no_grad whose output stands for the previous step's output the loop variable still holds.
+        Then ``iterations`` full steps are replayed and the highest peak is kept."""
 
         def body(s: _Session):
+            s.create_optimizer_state()
+            if self.hold_output:
+                s.previous_output(batch)
             for i in range(iterations):
                 if i:
                     s.tr.new_iteration()
@@ -694,6 +702,18 @@ class _Session:
                         self.tr.retag(v, "opt_state")
         self.tr.set_phase("between")
 
+    def previous_output(self, batch: int) -> None:
+        """The output of the previous step, still referenced by the loop's variable (``out = model(x)``)
+        when the next forward runs: made by a forward under no_grad at the same batch."""
+        args, kwargs = self._inputs(batch)
+        self.tr.set_phase("warmup")
+        with torch.no_grad():
+            out = self._forward(args, kwargs)
+        self.prev_out = out
+        self.prev_inputs = (args, kwargs)
+        del out, args, kwargs
+        self.tr.set_phase("between")
+
     def eval_forward(self, batch: int) -> None:
         self.prev_out = None
         args, kwargs = self._inputs(batch)
@@ -718,6 +738,7 @@ class _Session:
 
 
 PHASE_TAG["between"] = "temp"
+PHASE_TAG["warmup"] = "act"
 
 
 def _device_of(model) -> str:

@@ -134,8 +134,10 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
         search = est.get("search") or {}
         if mb:
             lim = " (the search limit)" if search.get("first_fail") is None else ""
+            prec = search.get("precision") or 0
+            within = f" to within {prec:.1%}" if prec else ""
             console.print(f"[bold]largest training batch that fits: {mb:,}[/]{lim} "
-                          f"(bisection, {search.get('trials')} replays)")
+                          f"(bisection{within}, {search.get('trials')} replays)")
         if v.get("fits") is True:
             console.print(f"[green]your batch {target:,} fits[/]: estimated {fmt_bytes(v.get('peak_device'))} "
                           f"of {fmt_bytes(v.get('usable'))} usable")
