@@ -34,6 +34,10 @@ def add_arguments(p) -> None:
     add_run_arguments(p)
     p.add_argument("--from", dest="from_", metavar="EVIDENCE",
                    help="replay a saved evidence.json (or run directory) instead of running a script")
+    p.add_argument("--memory-plan", metavar="GPU",
+                   help="also plan the batch size for this GPU (catalogue name, e.g. h100, a100-80gb): after "
+                        "step 1 the step is replayed on fake tensors (no memory used) and the Memory tab shows "
+                        "the largest batch that fits; that step is left out of the timing")
     p.add_argument("--refresh", type=positive_float, metavar="SECONDS", default=0.5,
                    help="re-judge the evidence at most this often while the script runs (default: 0.5)")
 
@@ -60,11 +64,29 @@ def build_gpu(args, *, run=None, replay_evidence=None):
     return GpuFeed(build_run_sampler(simulate or "", args.gpu_interval or 1.0), own=True)
 
 
+def memory_plan_env(gpu: str) -> dict[str, str]:
+    """The probe's settings for a batch-size plan on a catalogue GPU (as `diag memory --gpu` sets them)."""
+    import argparse
+
+    from diag.commands.memory import resolve_target
+
+    target = resolve_target(argparse.Namespace(gpu=gpu, memory=None))
+    env = {"DIAG_MEMORY_ESTIMATE": "plan", "DIAG_MEMORY_CAPACITY": str(target["memory"]),
+           "DIAG_MEMORY_TARGET_NAME": target["name"]}
+    if target.get("capability"):
+        env["DIAG_MEMORY_CAPABILITY"] = ".".join(str(x) for x in target["capability"])
+    return env
+
+
 def run(args) -> int:
     if args.from_ and args.script:
         raise DiagError("give either --script (run a script) or --from (replay saved evidence), not both")
     if args.script_args and not args.script:
         raise DiagError("arguments after -- are for the script, but no --script was given")
+    if args.memory_plan and not args.script:
+        raise DiagError("--memory-plan needs a script to run (--script PATH)")
+    if args.memory_plan:
+        memory_plan_env(args.memory_plan)          # an unknown GPU is a usage error, before anything runs
     if not _interactive():
         raise DiagError(NO_TTY)
 
@@ -80,7 +102,10 @@ def run(args) -> int:
     elif args.script:
         from diag.runner import Run
 
-        run = Run(run_config(args, echo=None))     # the app shows the output; nothing goes to the terminal
+        cfg = run_config(args, echo=None)          # the app shows the output; nothing goes to the terminal
+        if args.memory_plan:
+            cfg.env.update(memory_plan_env(args.memory_plan))
+        run = Run(cfg)
         source = RunFeed(run)
         gpu = build_gpu(args, run=run)
     else:

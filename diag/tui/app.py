@@ -84,7 +84,7 @@ class DiagApp(App[int]):
         self.initial_tab = initial_tab if initial_tab in self.tabs else self.tabs[0]
         self.cost_defaults = cost_defaults or {}
         self.save_dir = save_dir
-        self.state = UIState(mode=self.mode, clock=clock, gpu=gpu, source_path=self.source.path,
+        self.state = UIState(mode=self.mode, clock=clock, gpu=gpu, source_path=self.source.label,
                              log_path=self.source.log_path)
         self._frozen: UIState | None = None        # what is shown while paused
         self._evaluating = False

@@ -43,6 +43,7 @@ class GpuView:
     hint: str | None = None
     devices: list[DeviceView] = field(default_factory=list)
     host: HostSample | None = None
+    host_simulated: bool = False       # the host figures come from the simulated scenario too
     host_cpu_hist: list[float | None] = field(default_factory=list)
     host_mem_hist: list[float | None] = field(default_factory=list)
     run: Any = None                    # diag.gpu.RunUsage (the run's process tree), or None
@@ -101,6 +102,8 @@ def view_from_sampler(sampler, points: int = HISTORY_POINTS) -> GpuView:
         hint=getattr(prov, "hint", None),
         devices=devices,
         host=latest.host if latest else None,
+        host_simulated=bool(getattr(prov, "simulated", False))
+        and getattr(getattr(sampler, "_host_fn", None), "__self__", None) is prov,
         host_cpu_hist=[_num(h.cpu_percent) for h in host_hist],
         host_mem_hist=[_pct(h.mem_used, h.mem_total) for h in host_hist],
         run=run, driver=driver, notes=notes, interval_s=sampler.interval, samples=sampler.samples,

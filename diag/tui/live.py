@@ -55,6 +55,7 @@ class Source:
     mode = "monitor"
     run = None
     path: str | None = None
+    label: str | None = None
 
     def start(self) -> None:
         pass
@@ -86,10 +87,11 @@ class ReplaySource(Source):
     mode = "replay"
 
     def __init__(self, evidence: Evidence, checker: Checker | None = None, path: str | None = None,
-                 findings: list[Finding] | None = None):
+                 findings: list[Finding] | None = None, label: str | None = None):
         self.evidence = evidence
         self.checker = checker
         self.path = path
+        self.label = label or path       # how the header names the file
         self._findings = findings
         self._done = False
         self._logs_read = False

@@ -153,10 +153,13 @@ class ChecksPane(Pane):
         new = dict(zip(keys, findings))
         table = self.query_one("#checks-table", DataTable)
         selected = self._selected
-        # wide: severity | check id | title; narrow: severity | title (the id is in the detail)
-        wide = self.size.width >= 110
-        title_w = max(20, table.size.width - (12 if not wide else 12 + 28)) if table.size.width else 60
+        # a wide table: severity | check id | title; a narrow one: severity | title (the id is in the detail)
+        tw = table.size.width or max(40, self.size.width * 2 // 5)
+        wide = tw >= 76
+        title_w = max(16, tw - 15 - (28 if wide else 0))   # cell padding and the scrollbar
         rows = [(k, f.severity, f.title) for k, f in zip(keys, findings)]
+        # the cursor follows the most severe finding until the user moves it (focuses the table)
+        follow = not table.has_focus
         if rows != self._order or (wide, title_w) != self._layout:
             if wide != (self._layout[0] if self._layout else None):
                 table.clear(columns=True)
@@ -176,6 +179,8 @@ class ChecksPane(Pane):
                 cells.append(title)
                 table.add_row(*cells, key=key)
             self._order = rows
+            if follow and keys:
+                selected = keys[0]
             if selected in new:
                 table.move_cursor(row=keys.index(selected), animate=False)
             elif keys:

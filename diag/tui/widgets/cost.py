@@ -175,10 +175,10 @@ class CostPane(Pane):
                 yield Static(Text("a project: explore (10% × 4), tune (50% × 2), one full run", style="bold"),
                              id="cost-plan-title", classes="section")
                 yield Static(id="cost-plan")
-                yield Static(Text("the same workload on every GPU in the catalogue (cheapest first)",
-                                  style="bold"), classes="section")
-                table = DataTable(id="cost-compare", cursor_type="row", zebra_stripes=True)
-                for col in ("GPU", "peak", "MFU", "GPU-hours", "wall clock", "$/h", "cost"):
+                yield Static(Text("the same workload on every GPU in the catalogue, at the same MFU "
+                                  "(cheapest first)", style="bold"), classes="section")
+                table = DataTable(id="cost-compare", cursor_type="none", zebra_stripes=True)
+                for col in ("GPU", "peak", "GPU-hours", "wall clock", "$/h", "cost"):
                     table.add_column(col, key=col)
                 yield table
 
@@ -293,7 +293,7 @@ class CostPane(Pane):
         for e in res.compare:
             style = "bold" if e.gpu == chosen else ""
             table.add_row(Text(short_gpu(e.label), style=style), fmt.si(e.peak_flops) if e.peak_flops else "N/A",
-                          fmt.pct(e.mfu) if e.mfu else "N/A", _hours(e.gpu_hours),
+                          _hours(e.gpu_hours),
                           fmt.duration(e.wall_hours * 3600),
                           f"{e.price_per_gpu_hour:.2f}" if e.price_per_gpu_hour is not None else "N/A",
                           Text(_money(e.cost), style=style + (" green" if e.gpu == chosen else "")))

@@ -169,7 +169,8 @@ def host_text(v: GpuView, width: int) -> Text:
         line.rstrip()
         t.append_text(line)
         t.append("\n")
-        t.append(f"host: {gfmt(h.cpu_count)} CPUs", style="dim")
+        t.append("host" + (" (simulated)" if v.host_simulated else "") + f": {gfmt(h.cpu_count)} CPUs",
+                 style="dim")
         if not is_na(h.load1):
             t.append(f", load {h.load1:.1f}", style="dim")
         t.append(f" · RAM {gfmt(h.mem_used, 'B')} / {gfmt(h.mem_total, 'B')}", style="dim")

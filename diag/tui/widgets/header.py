@@ -113,7 +113,7 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
         two.append(" (nothing executed)", style="dim")
     elif run.run_dir:
         two.append("run dir ", style="dim")
-        two.append(_home(run.run_dir), style="dim")
+        two.append(_home(fmt.short_path(run.run_dir, os.getcwd())), style="dim")
     return one, two
 
 
