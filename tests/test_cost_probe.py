@@ -291,3 +291,33 @@ def test_end_to_end_check_then_cost_from_evidence(diag_cli, write_script, tmp_pa
 
     res = diag_cli("cost", "--from", str(tmp_path / "run"), "--samples", "100", "--epochs", "2")
     assert res.code == 2 and res.stderr.count("\n") == 1 and "exactly one" in res.stderr
+
+
+def test_precision_and_peak_lookup_for_gpu_devices(tmp_path, monkeypatch):
+    from diag.probe.flops import FlopCounter, _dtype_precision
+
+    assert _dtype_precision(torch.bfloat16, "cuda") == ("bf16", "bfloat16")
+    assert _dtype_precision(torch.float16, "cuda")[0] == "fp16"
+    assert _dtype_precision(torch.float32, "cpu")[0] == "fp32"
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert _dtype_precision(torch.float32, "cuda")[0] == "fp32"
+        torch.set_float32_matmul_precision("high")
+        assert _dtype_precision(torch.float32, "cuda")[0] == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("DIAG_GPU_CATALOG", raising=False)
+    fc = FlopCounter()
+    assert fc._peak("NVIDIA H100 80GB HBM3", "bf16") == ("h100-sxm", 989e12, None)
+    assert fc._peak("AMD Instinct MI250X/MI250", "bf16")[1] == pytest.approx(191.5e12)   # per device
+    gid, peak, note = fc._peak("Tesla T4", "bf16")
+    assert gid == "t4" and peak is None and "no dense bf16" in note
+    gid, peak, note = fc._peak("Some New GPU", "bf16")
+    assert gid is None and "not in the GPU catalogue" in note
+    # a broken user catalogue never breaks the run: the built-in one is used, and the reason kept
+    (tmp_path / "diag").mkdir()
+    (tmp_path / "diag" / "gpus.toml").write_text("[gpu.x\n")
+    gid, peak, note = fc._peak("NVIDIA A100-SXM4-80GB", "bf16")
+    assert (gid, peak) == ("a100-80gb", 312e12) and "not used" in note and "line 1" in note

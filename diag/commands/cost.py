@@ -86,7 +86,7 @@ def _duration(hours: float) -> str:
         return f"{hours:,.1f} hours"
     if hours >= 1 / 60:
         return f"{hours * 60:,.1f} minutes"
-    return f"{hours * 3600:,.1f} seconds"
+    return f"{hours * 3600:.3g} seconds"
 
 
 def _money(x: float | None) -> str:
