@@ -377,7 +377,10 @@ class DistributedProbe:
         self._sync = self._no_sync = 0
         if not self._pg_done:
             self._process_group(probe)
-        self._memory(probe, emit=(self._steps - self._last_mem_emit >= MEMORY_EVERY or self._steps == 2))
+        # peaks are tracked by the kernel (ru_maxrss) and the CUDA allocator: read them only when
+        # they are written out
+        if self._steps - self._last_mem_emit >= MEMORY_EVERY or self._steps == 2:
+            self._memory(probe, emit=True)
         if self._steps % MEMORY_EVERY == 0:
             self._emit_totals(probe)
 
