@@ -1,21 +1,54 @@
-"""Data pipeline checks."""
+"""Data pipeline checks: waiting for the DataLoader, worker counts, pinned memory, worker re-spawns,
+batches built by hand in the training loop."""
 from __future__ import annotations
 
 import math
 
+from diag.evidence import median
 from diag.findings import Finding, Severity
 from diag.registry import check
 
-from ._util import TUNING_GUIDE, loc, ms, passed, pct, skipped
+from ._perf import PERF_MISSING, device_types, guide, perf_ran, short_file, training_models, training_sites
+from ._util import loc, ms, passed, pct, skipped
 
 WARN_SHARE = 0.10    # data wait >= 10% of step time: warning (TraceML warns at 10%)
 ERROR_SHARE = 0.30   # >= 30%: error (the model idles a third of the time)
+HEADROOM = 1.5       # workers sized for 1.5x the measured fetch rate
+
+PIN_DOCS = "https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"
+DATALOADER_DOCS = "https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"
+# Host-to-device bandwidth assumed for the estimate (PCIe 4.0 x16): pinned ~24 GB/s; pageable
+# memory goes through a staging copy at roughly half that (NVIDIA, "How to Optimize Data Transfers
+# in CUDA C/C++"). Only used to size the finding, never as a measurement.
+PINNED_BPS = 24e9
+PAGEABLE_BPS = 12e9
+PIN_WARN_SHARE = 0.05       # estimated pageable copy time >= 5% of the step: warning
+RESPAWN_WARN_SHARE = 0.05   # worker start-up per epoch >= 5% of the epoch: warning
+RESPAWN_INFO_SHARE = 0.01   # >= 1%: info
 
 
-def data_share(r) -> tuple[float, float, float, int] | None:
+def epoch_start_steps(steps) -> set[int]:
+    """Indices of steps that fetched the first batch of a new epoch (their epoch number differs
+    from the previous step's)."""
+    out, prev = set(), None
+    for s in steps:
+        if s.epoch is not None and prev is not None and s.epoch != prev:
+            out.add(s.index)
+        prev = s.epoch
+    return out
+
+
+def data_share(r, exclude_epoch_starts: bool = False) -> tuple[float, float, float, int] | None:
     """(share of step time waiting for data, mean data wait, mean compute, n steps) over the timed
-    steps of a rank, or None without steps."""
+    steps of a rank, or None without steps. With ``exclude_epoch_starts``, the steps that waited for
+    an epoch's first batch (worker start-up, judged by dataloader.persistent-workers) are left out
+    when enough steps remain."""
     steps = r.timed_steps()
+    if exclude_epoch_starts:
+        starts = epoch_start_steps(r.steps)
+        kept = [s for s in steps if s.index not in starts]
+        if len(kept) >= 2:
+            steps = kept
     if not steps:
         return None
     total = sum(s.total_s for s in steps)
@@ -36,51 +69,88 @@ def recommended_workers(num_workers: int, wait_per_step: float, compute_per_step
     f = w (c + wait). Then w* = ceil(1.5 f / c), with 50% headroom, capped by the usable CPUs.
     """
     c = max(compute_per_step, 1e-6)
-    f = wait_per_step if num_workers == 0 else num_workers * (c + wait_per_step)
-    need = math.ceil(1.5 * f / c)
+    f = fetch_time(num_workers, wait_per_step, compute_per_step)
+    need = math.ceil(HEADROOM * f / c)
     need = max(need, num_workers + 1, 1)
     if cpu_count:
         need = min(need, max(cpu_count - 1, 1))
     return need
 
 
+def fetch_time(num_workers: int, wait_per_step: float, compute_per_step: float) -> float:
+    """Seconds one worker needs to produce a batch, from what was measured (see recommended_workers)."""
+    c = max(compute_per_step, 1e-6)
+    return wait_per_step if num_workers == 0 else num_workers * (c + wait_per_step)
+
+
+def steady_fetch(loader) -> tuple[float | None, float | None]:
+    """(mean wait per batch after each epoch's first, mean first-batch wait) from the loader's own
+    counters, or None where they cannot tell."""
+    firsts = loader.first_batch_s or []
+    rest_n = loader.batches - len(firsts)
+    rest = loader.wait_s - sum(firsts)
+    steady = rest / rest_n if rest_n > 0 and loader.wait_s > 0 else None
+    first = sum(firsts) / len(firsts) if firsts else None
+    return steady, first
+
+
 @check(id="dataloader.workers", title="Training waits for data", severity="warning",
        needs=["ranks.steps", "ranks.dataloaders", "environment.cpu_count"], tags=["data"],
-       docs=TUNING_GUIDE + "#enable-async-data-loading-and-augmentation")
+       docs=guide("enable-asynchronous-data-loading-and-augmentation"))
 def dataloader_workers(ev):
     """Share of step time spent waiting in DataLoader.__next__ (median over the steady state,
     the first step excluded). Warning at >= 10% of step time, error at >= 30%. Passes when the wait
     is negligible, even with num_workers=0. Recommends a num_workers from the measured per-batch
-    fetch time and the usable CPU count."""
+    fetch time (f = wait with 0 workers; f = w x (compute + wait) with w workers), sized for 1.5x
+    the compute rate and capped at the usable CPUs minus one, and predicts the step time after it.
+    With workers, the steps that fetched an epoch's first batch (worker start-up) are left out:
+    dataloader.persistent-workers judges those."""
     r = ev.primary
     if not r.dataloaders:
         yield skipped("dataloader.workers", "Training waits for data",
                       "No DataLoader was iterated (see dataloader.main-thread-data for hand-made batching).")
         return
-    share = data_share(r)
+    loader = max(r.dataloaders, key=lambda d: d.batches)
+    share = data_share(r, exclude_epoch_starts=loader.num_workers > 0)
     if share is None:
         yield skipped("dataloader.workers", "Training waits for data", "No training step was observed.")
         return
     frac, wait, compute, n = share
-    loader = max(r.dataloaders, key=lambda d: d.batches)
     cpus = ev.environment.cpu_count
+    steady, first = steady_fetch(loader)
     numbers = {"data_share": round(frac, 4), "data_wait_per_step_s": round(wait, 6),
                "compute_per_step_s": round(compute, 6), "steps": n, "num_workers": loader.num_workers,
-               "cpu_count": cpus}
+               "cpu_count": cpus, "batch_size": loader.batch_size,
+               "wait_per_batch_steady_s": round(steady, 6) if steady is not None else None,
+               "first_batch_mean_s": round(first, 6) if first is not None else None}
     if frac < WARN_SHARE:
         yield passed("dataloader.workers", "Data arrives in time",
                      f"The model waited for data {pct(frac)} of step time ({ms(wait)} per step, "
                      f"num_workers={loader.num_workers}).", **numbers)
         return
     rec = recommended_workers(loader.num_workers, wait, compute, cpus)
-    numbers["recommended_workers"] = rec
+    f = fetch_time(loader.num_workers, wait, compute)
+    predicted = max(compute, f / max(rec, 1))   # the pipeline delivers rec/f batches per second
+    if rec <= loader.num_workers or predicted >= wait + compute:
+        predicted = None                        # more workers would not help: nothing to predict
+    numbers.update(recommended_workers=rec, fetch_per_batch_s=round(f, 6),
+                   predicted_step_s=round(predicted, 6) if predicted else None,
+                   predicted_speedup=round((wait + compute) / predicted, 2) if predicted else None)
     sev = Severity.ERROR if frac >= ERROR_SHARE else Severity.WARNING
+    capped = cpus is not None and f / rec > compute * 1.05
     if loader.num_workers >= (cpus or 1) - 1 and rec <= loader.num_workers:
         fix = ("The workers already use every CPU: make each batch cheaper (decode/augment on the GPU, "
                "cache preprocessed data, a faster storage format).")
         snippet = None
     else:
-        fix = f"Load batches in background worker processes: num_workers={rec} (this machine has {cpus} usable CPUs)."
+        fix = (f"Load batches in background worker processes: num_workers={rec} (this machine has {cpus} "
+               f"usable CPUs); each batch takes {ms(f)} to produce and the model needs one every "
+               f"{ms(compute)}"
+               + (f", so the step should drop from {ms(wait + compute)} to about {ms(predicted)}."
+                  if predicted else "."))
+        if capped:
+            fix += (f" Even {rec} workers cannot keep up ({ms(f / rec)} per batch): also make each batch "
+                    "cheaper (cache decoded data, augment on the GPU).")
         snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
                    f"                    pin_memory=True, persistent_workers=True)")
     yield Finding(
@@ -92,3 +162,230 @@ def dataloader_workers(ev):
             "this time is lost on every step.",
         fix=fix, snippet=snippet, location=loc(loader.location),
     )
+
+
+def _batch_bytes(r) -> int | None:
+    """Bytes of the first tensor input of the main training forward (from its recorded shape)."""
+    sizes = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8, "int64": 8,
+             "long": 8, "int32": 4, "int": 4, "uint8": 1, "int8": 1, "bool": 1, "int16": 2}
+    sites = [s for s in training_sites(r) if s.input_shapes]
+    if not sites:
+        return None
+    s = max(sites, key=lambda x: x.count)
+    n = 1
+    for d in s.input_shapes[0]:
+        n *= int(d)
+    return n * sizes.get(s.input_dtypes[0] if s.input_dtypes else "float32", 4)
+
+
+@check(id="dataloader.pin-memory", title="Host-to-GPU copies from pageable memory", severity="warning",
+       needs=["ranks.dataloaders", "ranks.models", "ranks.extras.copies", "ranks.steps"], tags=["data", "gpu"],
+       docs=PIN_DOCS)
+def dataloader_pin_memory(ev):
+    """CUDA training whose DataLoader does not pin memory, or `.to(device, non_blocking=True)` from
+    pageable (unpinned) memory, which silently runs synchronously. Sized by the estimated copy time
+    per step (measured host-to-device bytes per step, else the batch's size, at ~12 GB/s pageable vs
+    ~24 GB/s pinned over PCIe 4.0): warning when it is >= 5% of the step, info below.
+    Skipped when the model does not train on CUDA."""
+    cid, title = "dataloader.pin-memory", "Host-to-GPU copies from pageable memory"
+    r = ev.primary
+    models = training_models(r)
+    if not training_sites(r):
+        yield skipped(cid, title, "No training forward was observed.")
+        return
+    if "cuda" not in device_types(models):
+        devs = sorted(device_types(models)) or ["cpu"]
+        yield skipped(cid, title, f"The model trains on {', '.join(devs)}: pinned memory only speeds up "
+                                  "host-to-GPU copies.", devices=devs)
+        return
+    copies = (r.extras or {}).get("copies") or {}
+    loaders = [d for d in r.dataloaders if d.batches > 0]
+    unpinned = [d for d in loaders if not d.pin_memory]
+    pageable_nb = int(copies.get("non_blocking_pageable", 0) or 0)
+    ph = r.median_step()
+    step_s = ph["total_s"] if ph else None
+    csteps = int(copies.get("steps", 0) or 0)
+    per_step = (copies.get("h2d_bytes", 0) / csteps) if csteps and copies.get("h2d_bytes") else _batch_bytes(r)
+    est = per_step / PAGEABLE_BPS if per_step else None
+    saving = per_step * (1 / PAGEABLE_BPS - 1 / PINNED_BPS) if per_step else None
+    share = est / step_s if est is not None and step_s else None
+    numbers = {"loaders_unpinned": len(unpinned), "loaders": len(loaders),
+               "non_blocking_pageable_copies": pageable_nb,
+               "non_blocking_pinned_copies": copies.get("non_blocking_pinned"),
+               "h2d_bytes_per_step": int(per_step) if per_step else None,
+               "h2d_bytes_measured": bool(csteps and copies.get("h2d_bytes")),
+               "est_pageable_copy_s": round(est, 7) if est is not None else None,
+               "est_saving_s": round(saving, 7) if saving is not None else None,
+               "copy_share_of_step": round(share, 4) if share is not None else None,
+               "step_s": round(step_s, 6) if step_s else None}
+    if not unpinned and not pageable_nb:
+        if not loaders and not copies:
+            yield skipped(cid, title, "No DataLoader fed the training and host-to-device copies were not "
+                                      f"recorded ({PERF_MISSING}).")
+            return
+        yield passed(cid, "Copies come from pinned memory",
+                     "Every DataLoader pins its batches and no non_blocking copy came from pageable memory.",
+                     **numbers)
+        return
+    sev = Severity.WARNING if share is None or share >= PIN_WARN_SHARE else Severity.INFO
+    parts = []
+    if unpinned:
+        d = unpinned[0]
+        parts.append(f"{len(unpinned)} DataLoader(s) feeding CUDA training do not pin memory"
+                     + (f" ({short_file(d.location)})" if d.location else ""))
+    sites = copies.get("sites") or []
+    if pageable_nb:
+        where = f" at {short_file(sites[0])}" if sites else ""
+        parts.append(f"{pageable_nb} .to(..., non_blocking=True) copies came from pageable memory{where}, "
+                     "so they ran synchronously")
+    size = (f"; about {per_step / (1 << 20):.1f} MiB cross per step, an estimated {ms(est)} "
+            f"({pct(share)} of the {ms(step_s)} step) at pageable-copy speed") if share is not None else ""
+    location = loc(sites[0]) if pageable_nb and sites else loc(unpinned[0].location) if unpinned else None
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message="; ".join(parts) + size + ".",
+        evidence=numbers,
+        why="A copy from pageable memory is staged through a pinned buffer by the driver, at about half "
+            "the bandwidth, and blocks the CPU; only pinned memory lets non_blocking copies overlap with "
+            "compute.",
+        fix="Let the DataLoader pin batches (pin_memory=True) and copy them with non_blocking=True; "
+            "for tensors built by hand, call .pin_memory() before the copy.",
+        snippet=("loader = DataLoader(dataset, batch_size=..., num_workers=4, pin_memory=True)\n"
+                 "for x, y in loader:\n"
+                 "    x = x.to(device, non_blocking=True)\n"
+                 "    y = y.to(device, non_blocking=True)"),
+        location=location,
+    )
+
+
+@check(id="dataloader.persistent-workers", title="DataLoader workers re-spawned every epoch",
+       severity="warning", needs=["ranks.dataloaders.first_batch_s", "ranks.steps"], tags=["data"],
+       docs=DATALOADER_DOCS)
+def dataloader_persistent_workers(ev):
+    """A DataLoader with num_workers > 0 and persistent_workers=False starts its worker processes
+    again at every epoch: the first batch of each epoch after the first waits for the start-up.
+    Measured per epoch from the first-batch latency minus the steady per-batch wait, as a share of
+    the epoch's time (batches per epoch x median step): warning at >= 5%, info at >= 1%.
+    Skipped when no loader has workers or fewer than two epochs were seen."""
+    cid, title = "dataloader.persistent-workers", "DataLoader workers re-spawned every epoch"
+    r = ev.primary
+    if not r.dataloaders:
+        yield skipped(cid, title, "No DataLoader was iterated.")
+        return
+    workers = [d for d in r.dataloaders if d.num_workers > 0]
+    if not workers:
+        yield skipped(cid, title, "No DataLoader uses worker processes (num_workers=0): nothing is re-spawned.")
+        return
+    non_persistent = [d for d in workers if not d.persistent_workers]
+    if not non_persistent:
+        yield passed(cid, "Workers persist across epochs",
+                     f"{len(workers)} DataLoader(s) with workers keep them alive between epochs.")
+        return
+    multi = [d for d in non_persistent if d.epochs >= 2 and len(d.first_batch_s) >= 2]
+    if not multi:
+        d = non_persistent[0]
+        yield skipped(cid, title, f"The DataLoader with {d.num_workers} workers was iterated for {d.epochs} "
+                                  "epoch(s): the re-spawn cost shows from the second epoch (run longer).",
+                      epochs=d.epochs)
+        return
+    ph = r.median_step()
+    step_s = ph["total_s"] if ph else None
+    worst = None
+    for d in multi:
+        steady, _ = steady_fetch(d)
+        later = d.first_batch_s[1:]
+        cost = max(median(later) - (steady or 0.0), 0.0)
+        per_epoch_batches = d.batches / max(d.epochs, 1)
+        epoch_s = per_epoch_batches * step_s if step_s else None
+        share = cost / epoch_s if epoch_s else None
+        rec = (d, cost, share, epoch_s, steady, per_epoch_batches)
+        if worst is None or (share or 0) > (worst[2] or 0):
+            worst = rec
+    d, cost, share, epoch_s, steady, per_epoch = worst
+    numbers = {"num_workers": d.num_workers, "epochs": d.epochs, "first_batch_s": d.first_batch_s[:20],
+               "respawn_cost_per_epoch_s": round(cost, 6),
+               "steady_wait_per_batch_s": round(steady, 6) if steady is not None else None,
+               "batches_per_epoch": round(per_epoch, 1),
+               "epoch_s": round(epoch_s, 4) if epoch_s else None,
+               "share_of_epoch": round(share, 4) if share is not None else None}
+    if share is None:
+        yield skipped(cid, title, "No training step time to compare the re-spawn cost with.", **numbers)
+        return
+    if share < RESPAWN_INFO_SHARE:
+        yield passed(cid, "Worker start-up is negligible",
+                     f"Starting {d.num_workers} workers costs {ms(cost)} per epoch, {pct(share)} of an epoch.",
+                     **numbers)
+        return
+    sev = Severity.WARNING if share >= RESPAWN_WARN_SHARE else Severity.INFO
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message=f"The DataLoader re-spawns its {d.num_workers} workers every epoch: the first batch of epochs "
+                f"2-{d.epochs} waited {ms(median(d.first_batch_s[1:]))} against {ms(steady or 0.0)} for a "
+                f"steady batch, {ms(cost)} lost per epoch ({pct(share)} of a {ms(epoch_s)} epoch).",
+        evidence=numbers,
+        why="Without persistent_workers, every new iterator (every epoch) forks the workers again, "
+            "re-imports and re-builds their state, and the model waits for the first batch.",
+        fix="Keep the workers alive between epochs with persistent_workers=True.",
+        snippet=(f"loader = DataLoader(dataset, batch_size={d.batch_size}, num_workers={d.num_workers},\n"
+                 "                    persistent_workers=True, pin_memory=True)"),
+        location=loc(d.location),
+    )
+
+
+@check(id="dataloader.main-thread-data", title="Batches built in the training loop", severity="warning",
+       needs=["ranks.steps.extra.pre_forward_s", "ranks.dataloaders"], tags=["data"],
+       docs=guide("enable-asynchronous-data-loading-and-augmentation"))
+def dataloader_main_thread_data(ev):
+    """Time between the end of one step and the first training forward of the next that is neither
+    DataLoader wait nor evaluation: the main thread building or moving the batch (indexing a dataset
+    by hand, torch.stack of samples, tokenising, augmenting, `.to(device)`), while the model waits.
+    Median share of step time over the timed steps: warning at >= 10%, error at >= 30%."""
+    cid, title = "dataloader.main-thread-data", "Batches built in the training loop"
+    r = ev.primary
+    steps = r.timed_steps()
+    if not steps:
+        yield skipped(cid, title, "No training step was observed.")
+        return
+    gaps = [s.extra.get("pre_forward_s") for s in steps if isinstance(s.extra, dict)]
+    gaps = [g for g in gaps if isinstance(g, (int, float))]
+    if not gaps:
+        reason = PERF_MISSING if not perf_ran(r) else "no step recorded the time before its first forward"
+        yield skipped(cid, title, f"The time before each step's forward was not measured: {reason}.")
+        return
+    gap = median(gaps)
+    total = median([s.total_s for s in steps])
+    share = gap / total if total > 0 else 0.0
+    loaders = [d for d in r.dataloaders if d.batches > 0]
+    other = median([s.other_s for s in steps])
+    numbers = {"pre_forward_share": round(share, 4), "pre_forward_s": round(gap, 6), "step_s": round(total, 6),
+               "other_share": round(other / total, 4) if total > 0 else None, "steps": len(gaps),
+               "dataloader": bool(loaders)}
+    if share < WARN_SHARE:
+        yield passed(cid, "Little work between steps",
+                     f"{pct(share)} of step time ({ms(gap)}) passes between a step's end and the next "
+                     "forward outside the DataLoader.", **numbers)
+        return
+    sev = Severity.ERROR if share >= ERROR_SHARE else Severity.WARNING
+    site = max(training_sites(r), key=lambda s: s.count, default=None)
+    where = f" before the forward at {short_file(site.location)}" if site and site.location else ""
+    if loaders:
+        msg = (f"{pct(share)} of step time ({ms(gap)} of {ms(total)}) goes to work in the main thread "
+               f"between the DataLoader and the forward{where} (moving, augmenting or reshaping batches).")
+        fix = ("Move per-batch work into the Dataset/collate_fn so DataLoader workers do it in parallel, "
+               "or onto the GPU; copy with pin_memory=True and non_blocking=True.")
+        snippet = ("def collate(samples):\n    x, y = default_collate(samples)\n    return augment(x), y   # runs in the workers\n"
+                   "loader = DataLoader(ds, batch_size=B, num_workers=4, collate_fn=collate, pin_memory=True)")
+    else:
+        msg = (f"{pct(share)} of step time ({ms(gap)} of {ms(total)}) is spent in the main thread between "
+               f"steps{where}, with no DataLoader: the batch is built by hand while the model waits.")
+        fix = ("Put the per-sample work in a torch.utils.data.Dataset and iterate a DataLoader with "
+               "num_workers > 0, so batches are prepared in parallel with training.")
+        snippet = ("class MyData(torch.utils.data.Dataset):\n    def __len__(self): return len(items)\n"
+                   "    def __getitem__(self, i): return load(items[i])\n"
+                   "loader = DataLoader(MyData(), batch_size=B, shuffle=True, num_workers=4,\n"
+                   "                    pin_memory=True, persistent_workers=True)\n"
+                   "for x, y in loader:\n    ...")
+    yield Finding(id=cid, severity=sev, title=title, message=msg, evidence=numbers,
+                  why="The model (and the GPU) idles while the main thread prepares the next batch; "
+                      "worker processes overlap that work with training.",
+                  fix=fix, snippet=snippet, location=loc(site.location) if site else None)

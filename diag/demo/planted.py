@@ -1,7 +1,10 @@
 """diag's demo: a small classifier trained with planted performance problems.
 
-Each problem is marked PLANTED; `diag demo` should report every one of them. The same script runs
-on a GPU when there is one (then the AMP checks have something to say too).
+Each problem is marked PLANTED; `diag demo` should report every one of them: the DataLoader starves
+the model (dataloader.workers), anomaly detection is left on (debug.anomaly-detection), gradients are
+zeroed instead of freed (optim.zero-grad), fp16 autocast runs without a GradScaler
+(amp.fp16-without-scaler) and evaluation builds autograd graphs (eval.no-grad). The same script runs
+on a GPU when there is one (then unpinned copies and per-step synchronisations show up too).
 
     python -m diag.demo.planted --epochs 2
 """
@@ -62,7 +65,8 @@ def main():
         for x, y in train:
             x, y = x.to(device), y.to(device)
             opt.zero_grad(set_to_none=False)                # PLANTED: zeroes instead of freeing
-            loss = loss_fn(model(x), y)
+            with torch.autocast(device, dtype=torch.float16):  # PLANTED: fp16 without a GradScaler
+                loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
         model.eval()

@@ -10,6 +10,7 @@ import importlib
 import os
 
 DEFAULT_EXTENSIONS: list[str] = [
+    "diag.probe.perf:PerfProbe",
     "diag.probe.distributed:DistributedProbe",
     "diag.probe.flops:FlopCounter",
     "diag.probe.memory:MemoryProbe",

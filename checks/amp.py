@@ -1,0 +1,353 @@
+"""Precision checks: automatic mixed precision, gradient scaling, TF32, tensor-core friendly sizes."""
+from __future__ import annotations
+
+from diag.findings import Finding, Severity
+from diag.registry import check
+
+from ._perf import (PERF_MISSING, amdahl, autocast_dtypes, cap_str, capability, cuda_device,
+                    device_types, guide, half_param_dtypes, perf_ran, phase_medians, short_file,
+                    training_models, training_sites)
+from ._util import loc, passed, pct, skipped
+
+AMP_DOCS = "https://pytorch.org/docs/stable/amp.html"
+SCALER_DOCS = "https://pytorch.org/docs/stable/amp.html#gradient-scaling"
+TF32_DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
+
+AMP_MAX_SPEEDUP = 3.0        # tuning guide: "up to 3x overall speedup on Volta and newer"
+COMPUTE_WARN_SHARE = 0.30    # forward+backward under 30% of the step: the step is bound elsewhere (info)
+TF32_PEAK_RATIO = 494.5 / 67  # H100 SXM dense TF32 vs FP32 peaks (A100: 156 / 19.5 = 8x); an upper bound
+ALIGN = 8                    # tensor cores want fp16/bf16 matrix dimensions in multiples of 8
+ALIGN_WARN_SHARE = 0.10      # misaligned layers holding >= 10% of the matmul weights: warning
+ALIGN_MIN_SHARE = 0.01       # below 1% (a 10-class head): ignored
+
+
+def _gpu_only_skip(cid, title, r, models):
+    devs = device_types(models) or {"cpu"}
+    return skipped(cid, title, f"The model trains on {', '.join(sorted(devs))}: this check is about CUDA "
+                               "tensor cores (see amp.availability for what this machine supports).",
+                   devices=sorted(devs))
+
+
+@check(id="amp.unused", title="Training in fp32 on a GPU with tensor cores", severity="warning",
+       needs=["ranks.forwards", "ranks.models", "environment.devices", "ranks.steps"], tags=["amp", "gpu"],
+       docs=guide("use-mixed-precision-and-amp"))
+def amp_unused(ev):
+    """Training forwards run in fp32 (no autocast, fp32 parameters) on a CUDA device whose tensor
+    cores take fp16 (compute capability >= 7.0) or bf16 (>= 8.0). Recommends
+    `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 plus GradScaler before Ampere) and bounds
+    the gain with Amdahl's law: the tuning guide's "up to 3x" applied to the measured
+    forward+backward share of the step. Warning when forward+backward take >= 30% of the step,
+    info below (the step is bound elsewhere first). Skipped on CPU-only runs."""
+    cid, title = "amp.unused", "Training in fp32 on a GPU with tensor cores"
+    r = ev.primary
+    sites = training_sites(r)
+    if not sites:
+        yield skipped(cid, title, "No training forward was observed.")
+        return
+    models = training_models(r)
+    dev = cuda_device(ev, models)
+    if "cuda" not in device_types(models):
+        yield _gpu_only_skip(cid, title, r, models)
+        return
+    cap = capability(dev)
+    name = dev.name if dev else "the GPU"
+    if cap is not None and cap < (7, 0):
+        yield passed(cid, "No tensor cores to use",
+                     f"{name} (compute capability {cap_str(cap)}) has no tensor cores: mixed precision "
+                     "would save memory but not much time.", capability=cap_str(cap))
+        return
+    ac = autocast_dtypes(r)
+    half = half_param_dtypes(models)
+    if ac or half:
+        used = sorted(ac | half)
+        yield passed(cid, "Mixed precision in use",
+                     f"Training forwards run in {', '.join(used)} "
+                     f"({'autocast' if ac else 'half-precision parameters'}).", dtypes=used)
+        return
+    bf16 = cap is None or cap >= (8, 0)
+    dtype = "bfloat16" if bf16 else "float16"
+    ph = phase_medians(r)
+    share = ph["compute_share"] if ph else None
+    numbers = {"device": name, "capability": cap_str(cap), "recommended_dtype": dtype,
+               "forward_backward_share": round(share, 4) if share is not None else None,
+               "step_s": round(ph["total_s"], 6) if ph else None,
+               "max_step_speedup": round(amdahl(share, AMP_MAX_SPEEDUP), 2) if share is not None else None,
+               "forwards": sum(s.count for s in sites)}
+    sev = Severity.WARNING if share is None or share >= COMPUTE_WARN_SHARE else Severity.INFO
+    gain = (f"; forward+backward take {pct(share)} of the {ph['total_s'] * 1000:.1f} ms step, so the "
+            f"step could get up to {numbers['max_step_speedup']:.2f}x faster (tuning guide: up to 3x on "
+            "the mixed-precision part)") if share is not None else ""
+    if dtype == "bfloat16":
+        snippet = ('with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+                   "    loss = loss_fn(model(x), y)\nloss.backward()\nopt.step()")
+        how = "Run forward and loss under torch.autocast(\"cuda\", dtype=torch.bfloat16) (no GradScaler needed)."
+    else:
+        snippet = ('scaler = torch.amp.GradScaler("cuda")\n'
+                   'with torch.autocast("cuda", dtype=torch.float16):\n'
+                   "    loss = loss_fn(model(x), y)\nscaler.scale(loss).backward()\n"
+                   "scaler.step(opt)\nscaler.update()")
+        how = ("Run forward and loss under torch.autocast(\"cuda\", dtype=torch.float16) with a GradScaler "
+               f"(this GPU, compute capability {cap_str(cap)}, has no bf16 tensor cores).")
+    site = max(sites, key=lambda s: s.count)
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message=f"Training forwards run in float32 on {name} (compute capability {cap_str(cap)}), whose "
+                f"tensor cores take {dtype}{gain}.",
+        evidence=numbers,
+        why="Tensor cores run fp16/bf16 matrix multiplies many times faster than fp32, and half-precision "
+            "activations halve the memory traffic; autocast keeps precision-sensitive ops in fp32.",
+        fix=how, snippet=snippet, location=loc(site.location),
+    )
+
+
+@check(id="amp.fp16-without-scaler", title="fp16 without gradient scaling", severity="warning",
+       needs=["ranks.forwards", "ranks.models", "ranks.amp"], tags=["amp"], docs=SCALER_DOCS)
+def amp_fp16_without_scaler(ev):
+    """Training forwards under fp16 autocast (or with fp16 parameters) and no enabled GradScaler
+    scaling the loss: small gradients underflow to zero in fp16, so training silently stalls or
+    diverges. bf16 needs no scaler. Observed through GradScaler construction and scale() calls."""
+    cid, title = "amp.fp16-without-scaler", "fp16 without gradient scaling"
+    r = ev.primary
+    sites = training_sites(r)
+    if not sites:
+        yield skipped(cid, title, "No training forward was observed.")
+        return
+    fp16_sites = [s for s in sites if s.autocast == "float16"]
+    models = training_models(r)
+    fp16_params = [m for m in models if "float16" in (m.dtypes or [])]
+    if not fp16_sites and not fp16_params:
+        used = sorted(autocast_dtypes(r) | half_param_dtypes(models)) or ["float32"]
+        yield passed(cid, "No fp16 training", f"Training runs in {', '.join(used)}: no loss scaling needed.",
+                     dtypes=used)
+        return
+    if not perf_ran(r) and not r.amp:
+        yield skipped(cid, title, f"fp16 is used, but GradScaler use was not recorded: {PERF_MISSING}.")
+        return
+    sc = (r.amp or {}).get("scaler") or {}
+    steps = r.step_stats.count
+    numbers = {"fp16_forwards": sum(s.count for s in fp16_sites), "fp16_param_models": len(fp16_params),
+               "scalers_created": sc.get("created", 0), "scaler_enabled": sc.get("enabled"),
+               "scale_calls": sc.get("scale_calls", 0), "steps": steps}
+    enabled_and_used = sc.get("enabled") and sc.get("scale_calls", 0) > 0
+    if enabled_and_used:
+        yield passed(cid, "fp16 with gradient scaling",
+                     f"An enabled GradScaler scaled the loss {sc['scale_calls']} time(s) over {steps} step(s).",
+                     **numbers)
+        return
+    if not sc.get("created"):
+        what = "no GradScaler was created"
+    elif not sc.get("enabled"):
+        what = "a GradScaler was created with enabled=False"
+    else:
+        what = "a GradScaler was created but scaler.scale(loss) was never called"
+    site = (fp16_sites or sites)[0]
+    where = f" ({short_file(site.location)})" if site.location else ""
+    dev = site.autocast_device or "cuda"
+    yield Finding(
+        id=cid, severity=Severity.WARNING, title=title,
+        message=f"{numbers['fp16_forwards'] or 'Every'} training forward(s) ran under float16{where}, but {what}.",
+        evidence=numbers,
+        why="fp16 cannot represent gradients below ~6e-8; without loss scaling they flush to zero and "
+            "those weights stop learning (or the loss turns NaN). GradScaler multiplies the loss before "
+            "backward and unscales before the optimizer step, skipping steps with inf/NaN.",
+        fix="Scale the loss with torch.amp.GradScaler (enabled=True), or switch autocast to bfloat16, "
+            "which has fp32's range and needs no scaler (compute capability >= 8.0).",
+        snippet=(f'scaler = torch.amp.GradScaler("{dev}")\n'
+                 f'with torch.autocast("{dev}", dtype=torch.float16):\n'
+                 "    loss = loss_fn(model(x), y)\nscaler.scale(loss).backward()\n"
+                 "scaler.step(opt)\nscaler.update()"),
+        location=loc(sc.get("location")) or loc(site.location),
+    )
+
+
+@check(id="amp.availability", title="Mixed precision on this machine", severity="info",
+       needs=["environment.devices", "ranks.extras.perf"], tags=["amp"], docs=AMP_DOCS)
+def amp_availability(ev):
+    """An info line saying which reduced precisions this machine's devices support and why: fp16
+    tensor cores from compute capability 7.0 (Volta), bf16 and TF32 from 8.0 (Ampere), fp8 from 8.9
+    (Ada/Hopper). On a CPU-only run: bf16 autocast on CPU, fast only with AVX512-BF16/AMX, and the
+    GPU-specific AMP checks are skipped."""
+    cid, title = "amp.availability", "Mixed precision on this machine"
+    envr = ev.environment
+    cuda = [d for d in envr.devices if d.type == "cuda"]
+    perf = (ev.primary.extras or {}).get("perf") or {}
+    cpu_cap = perf.get("cpu_capability")
+    if cuda:
+        parts, support = [], []
+        for d in cuda:
+            cap = capability(d)
+            s = {"index": d.index, "name": d.name, "capability": cap_str(cap),
+                 "fp16_tensor_cores": bool(cap and cap >= (7, 0)), "bf16": bool(cap and cap >= (8, 0)),
+                 "tf32": bool(cap and cap >= (8, 0)), "fp8": bool(cap and cap >= (8, 9))}
+            support.append(s)
+            have = [k for k, v in (("fp16", s["fp16_tensor_cores"]), ("bf16", s["bf16"]),
+                                   ("TF32", s["tf32"]), ("fp8", s["fp8"])) if v]
+            parts.append(f"cuda:{d.index} {d.name} (compute capability {cap_str(cap)}): "
+                         + (", ".join(have) if have else "no tensor cores"))
+        best = "bfloat16" if all(s["bf16"] for s in support) else "float16 with GradScaler"
+        yield Finding(
+            id=cid, severity=Severity.INFO, title=title,
+            message="; ".join(parts) + f". Use torch.autocast(\"cuda\", dtype=torch.{best.split()[0]})"
+                    + (" with a GradScaler" if best.startswith("float16") else "") + " for training.",
+            evidence={"devices": support, "cuda": envr.cuda, "torch": envr.torch, "cpu_capability": cpu_cap},
+            why="fp16 tensor cores arrived with Volta (7.0); bf16 and TF32 with Ampere (8.0); fp8 with "
+                "Ada/Hopper (8.9/9.0).",
+        )
+        return
+    bf16_fast = bool(cpu_cap and ("AMX" in str(cpu_cap).upper() or "BF16" in str(cpu_cap).upper()))
+    msg = (f"No CUDA device (torch {envr.torch}, CUDA build: {'yes' if envr.cuda else 'no'}): the GPU "
+           "mixed-precision checks (amp.unused, matmul.tf32, tensor-cores.alignment) are skipped. "
+           f"On this CPU ({cpu_cap or 'capability unknown'}) torch.autocast(\"cpu\", dtype=torch.bfloat16) "
+           + ("runs bf16 matmuls in hardware (AMX/AVX512-BF16)." if bf16_fast else
+              "works but is not expected to be faster than fp32 without AVX512-BF16 or AMX."))
+    if envr.mps_available:
+        msg += " Apple MPS is available: torch.autocast(\"mps\", dtype=torch.float16) is supported there."
+    yield Finding(id=cid, severity=Severity.INFO, title=title, message=msg,
+                  evidence={"cuda_available": envr.cuda_available, "cuda_build": envr.cuda,
+                            "cpu_capability": cpu_cap, "mps_available": envr.mps_available,
+                            "cpu_bf16_hardware": bf16_fast})
+
+
+@check(id="matmul.tf32", title="fp32 matmuls without TF32", severity="warning",
+       needs=["environment.float32_matmul_precision", "environment.devices", "ranks.forwards", "ranks.steps"],
+       tags=["amp", "gpu"], docs=guide("enable-tensor-cores"))
+def matmul_tf32(ev):
+    """fp32 training (no autocast) on an Ampere-or-newer GPU (compute capability >= 8.0) with
+    `torch.get_float32_matmul_precision() == "highest"` and TF32 matmuls off: matrix multiplies run
+    on the slow fp32 path instead of TF32 tensor cores (7-8x the fp32 peak on A100/H100). Warning when
+    forward+backward take >= 30% of the step, info below. Skipped on CPU-only runs."""
+    cid, title = "matmul.tf32", "fp32 matmuls without TF32"
+    r = ev.primary
+    if not training_sites(r):
+        yield skipped(cid, title, "No training forward was observed.")
+        return
+    models = training_models(r)
+    if "cuda" not in device_types(models):
+        yield _gpu_only_skip(cid, title, r, models)
+        return
+    dev = cuda_device(ev, models)
+    cap = capability(dev)
+    if cap is not None and cap < (8, 0):
+        yield passed(cid, "No TF32 on this GPU", f"{dev.name} (compute capability {cap_str(cap)}) has no "
+                     "TF32 tensor cores.", capability=cap_str(cap))
+        return
+    if autocast_dtypes(r) or half_param_dtypes(models):
+        yield passed(cid, "Matmuls run in reduced precision", "Training runs under autocast / half "
+                     "precision: its matmuls do not use the fp32 path.")
+        return
+    envr = ev.environment
+    prec = envr.float32_matmul_precision
+    if prec in ("high", "medium") or envr.allow_tf32_matmul:
+        yield passed(cid, "TF32 enabled", f"float32 matmul precision is {prec!r} "
+                     f"(allow_tf32={envr.allow_tf32_matmul}): fp32 matmuls use TF32 tensor cores.",
+                     precision=prec)
+        return
+    if prec is None:
+        yield skipped(cid, title, "The float32 matmul precision was not recorded.")
+        return
+    ph = phase_medians(r)
+    share = ph["compute_share"] if ph else None
+    sev = Severity.WARNING if share is None or share >= COMPUTE_WARN_SHARE else Severity.INFO
+    bound = round(amdahl(share, TF32_PEAK_RATIO), 2) if share is not None else None
+    name = dev.name if dev else "the GPU"
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message=f"fp32 matmuls run at full fp32 precision on {name} (compute capability {cap_str(cap)}, "
+                f"float32_matmul_precision={prec!r})"
+                + (f"; forward+backward take {pct(share)} of the step, so TF32 could make the step up to "
+                   f"{bound:.2f}x faster (an upper bound: not every op is a matmul)" if share is not None else "")
+                + ".",
+        evidence={"precision": prec, "allow_tf32_matmul": envr.allow_tf32_matmul, "device": name,
+                  "capability": cap_str(cap), "forward_backward_share": round(share, 4) if share else share,
+                  "tf32_to_fp32_peak_ratio": round(TF32_PEAK_RATIO, 2), "max_step_speedup": bound},
+        why="TF32 keeps fp32's range with a 10-bit mantissa and runs on tensor cores: H100 494.5 vs 67 "
+            "TFLOPS dense (A100: 156 vs 19.5). Most training converges the same; check yours.",
+        fix="Allow TF32 for fp32 matmuls at the start of the script (or train under bf16 autocast, "
+            "see amp.unused).",
+        snippet='torch.set_float32_matmul_precision("high")\ntorch.backends.cudnn.allow_tf32 = True  # convolutions (default)',
+    )
+
+
+def _misaligned(layer: dict) -> list[str]:
+    bad = []
+    t = layer.get("type", "")
+    a, b = layer.get("in"), layer.get("out")
+    if t == "Embedding":
+        if isinstance(b, int) and b % ALIGN:
+            bad.append(f"embedding_dim={b}")
+        return bad
+    if "Conv" in t and isinstance(a, int) and a <= 4:
+        a = None        # the first conv of an image model (3 channels): cuDNN pads it
+    if isinstance(a, int) and a % ALIGN:
+        bad.append(f"in={a}")
+    if isinstance(b, int) and b % ALIGN:
+        bad.append(f"out={b}")
+    return bad
+
+
+@check(id="tensor-cores.alignment", title="Layer sizes not multiples of 8", severity="warning",
+       needs=["ranks.models.layer_shapes", "ranks.forwards", "environment.devices"], tags=["amp", "gpu"],
+       docs=guide("use-mixed-precision-and-amp"))
+def tensor_cores_alignment(ev):
+    """Under fp16/bf16 on CUDA, Linear in/out features, Embedding dims and conv channels that are not
+    multiples of 8 keep matmuls off the fastest tensor-core kernels. Weighted by each layer's share of
+    the matmul weights (in x out): warning at >= 10%, ignored below 1% (a small classifier head).
+    Skipped without CUDA or without mixed precision (see amp.unused)."""
+    cid, title = "tensor-cores.alignment", "Layer sizes not multiples of 8"
+    r = ev.primary
+    if not training_sites(r):
+        yield skipped(cid, title, "No training forward was observed.")
+        return
+    models = training_models(r)
+    if "cuda" not in device_types(models):
+        yield _gpu_only_skip(cid, title, r, models)
+        return
+    if not (autocast_dtypes(r) or half_param_dtypes(models)):
+        yield skipped(cid, title, "Training runs in fp32, which does not use fp16/bf16 tensor cores "
+                                  "(see amp.unused and matmul.tf32).")
+        return
+    layers = [(m, lay) for m in models for lay in (m.layer_shapes or [])]
+    if not layers:
+        yield skipped(cid, title, "No Linear/Embedding/convolution layer shapes were recorded.")
+        return
+    weight = lambda lay: (lay.get("in") or 0) * (lay.get("out") or 0)  # noqa: E731
+    total = sum(weight(lay) for _, lay in layers) or 1
+    bad = []
+    for m, lay in layers:
+        why = _misaligned(lay)
+        if why:
+            bad.append((m, lay, why, weight(lay) / total))
+    counted = [b for b in bad if b[3] >= ALIGN_MIN_SHARE]
+    share = sum(b[3] for b in counted)
+    if not counted:
+        yield passed(cid, "Layer sizes fit tensor cores",
+                     f"{len(layers)} layer(s) checked: every one holding >= 1% of the weights has sizes "
+                     "in multiples of 8.", layers=len(layers), misaligned_small=len(bad))
+        return
+    counted.sort(key=lambda b: -b[3])
+    examples = [f"{lay.get('type')}({lay.get('in')}, {lay.get('out')}) in {m.cls}: {', '.join(why)}"
+                for m, lay, why, _ in counted[:5]]
+    sev = Severity.WARNING if share >= ALIGN_WARN_SHARE else Severity.INFO
+
+    def pad(n):
+        return ((n + 63) // 64) * 64 if n > 1000 else ((n + ALIGN - 1) // ALIGN) * ALIGN
+
+    _, lay0, _, _ = counted[0]
+    a, b = lay0.get("in"), lay0.get("out")
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message=f"{len(counted)} layer(s) holding {pct(share)} of the matmul weights have sizes that are "
+                f"not multiples of 8: " + "; ".join(examples) + ".",
+        evidence={"misaligned_layers": len(counted), "weight_share": round(share, 4),
+                  "examples": examples, "layers_checked": len(layers)},
+        why="fp16/bf16 tensor-core kernels tile matrices in multiples of 8 elements; other sizes fall back "
+            "to slower kernels or padded work (NVIDIA's deep learning performance guide).",
+        fix="Pad the sizes up: hidden/feature sizes to a multiple of 8, a vocabulary to a multiple of 64 "
+            "(GPT-2's 50257 -> 50304); mask or ignore the padded classes/tokens.",
+        snippet=(f"nn.{lay0.get('type')}({pad(a) if isinstance(a, int) else a}, "
+                 f"{pad(b) if isinstance(b, int) else b})   # was ({a}, {b})"),
+    )
+
+
+__all__ = ["amp_unused", "amp_fp16_without_scaler", "amp_availability", "matmul_tf32",
+           "tensor_cores_alignment"]

@@ -1,0 +1,322 @@
+"""Rules from the PyTorch Performance Tuning Guide that are not about data or precision: cuDNN
+auto-tuner, zeroing gradients, optimizer implementations, debugging APIs left on, torch.compile."""
+from __future__ import annotations
+
+from diag.evidence import median
+from diag.findings import Finding, Severity
+from diag.registry import check
+
+from ._perf import (PERF_MISSING, amdahl, device_types, guide, perf_ran, phase_medians, short_file,
+                    size, training_models, training_sites)
+from ._util import loc, ms, passed, pct, skipped
+
+OPTIM_DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
+COMPILE_DOCS = "https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html"
+
+COMPUTE_WARN_SHARE = 0.30       # forward+backward >= 30% of the step: a compute-side fix matters (warning)
+MAX_FIXED_SHAPES = 4            # <= 4 distinct input shapes counts as "fixed" for cudnn.benchmark
+ZERO_GRAD_WARN_SHARE = 0.02     # zeroing >= 2% of the step: warning, else info
+OPTIM_WARN_SHARE = 0.05         # for-loop optimizer taking >= 5% of the step: warning
+FUSED_HINT_SHARE = 0.10         # foreach optimizer taking >= 10% of the step: suggest fused (info)
+PROFILER_WARN_SHARE = 0.20      # a profiler on for >= 20% of the steps is left on, not a window
+COMPILE_SPEEDUP = 1.43          # PyTorch 2.0 launch: mean training speed-up on A100 over 163 models
+COMPILE_COST_S = 60.0           # assumed one-off compile time for the break-even estimate
+DATA_BOUND_SHARE = 0.30
+
+
+@check(id="cudnn.benchmark", title="cuDNN auto-tuner off for a convolutional model", severity="warning",
+       needs=["environment.cudnn_benchmark", "ranks.models.module_types", "ranks.extras.input_shapes"],
+       tags=["gpu", "tuning"], docs=guide("enable-cudnn-auto-tuner"))
+def cudnn_benchmark(ev):
+    """A convolutional model trained on CUDA with fixed input shapes (at most 4 distinct shapes
+    seen) while `torch.backends.cudnn.benchmark` is False: cuDNN uses heuristics instead of timing
+    the convolution algorithms once per shape. Warning when forward+backward take >= 30% of the
+    step, info below. Passes with varying shapes (the auto-tuner would re-run per shape).
+    Skipped without CUDA."""
+    cid, title = "cudnn.benchmark", "cuDNN auto-tuner off for a convolutional model"
+    r = ev.primary
+    if not training_sites(r):
+        yield skipped(cid, title, "No training forward was observed.")
+        return
+    models = training_models(r)
+    if "cuda" not in device_types(models):
+        devs = sorted(device_types(models)) or ["cpu"]
+        yield skipped(cid, title, f"The model trains on {', '.join(devs)}: cudnn.benchmark only affects "
+                                  "cuDNN convolutions on CUDA.", devices=devs)
+        return
+    convs = [(m, sum(v for k, v in (m.module_types or {}).items() if "Conv" in k)) for m in models]
+    convs = [(m, n) for m, n in convs if n]
+    if not convs:
+        yield passed(cid, "No convolutions", "The model has no convolution layers: cudnn.benchmark would not help.")
+        return
+    if ev.environment.cudnn_benchmark:
+        yield passed(cid, "cuDNN auto-tuner on", "torch.backends.cudnn.benchmark is True.")
+        return
+    if ev.environment.cudnn_benchmark is None:
+        yield skipped(cid, title, "The cudnn.benchmark flag was not recorded.")
+        return
+    m, nconv = convs[0]
+    shapes = ((r.extras or {}).get("input_shapes") or {}).get(str(m.id))
+    distinct = shapes.get("distinct") if shapes else None
+    numbers = {"model": m.cls, "conv_layers": nconv, "distinct_input_shapes": distinct,
+               "shapes": (shapes or {}).get("shapes"), "cudnn_deterministic": ev.environment.cudnn_deterministic}
+    if distinct is not None and distinct > MAX_FIXED_SHAPES:
+        yield passed(cid, "Input shapes vary",
+                     f"{distinct} distinct input shapes were seen: the auto-tuner would benchmark each one "
+                     "again, so leaving it off is reasonable.", **numbers)
+        return
+    ph = phase_medians(r)
+    share = ph["compute_share"] if ph else None
+    numbers["forward_backward_share"] = round(share, 4) if share is not None else None
+    sev = Severity.WARNING if share is None or share >= COMPUTE_WARN_SHARE else Severity.INFO
+    shape_txt = (f"{distinct} input shape(s) {numbers['shapes']}" if distinct is not None
+                 else "input shapes not recorded")
+    site = next((s for s in training_sites(r) if s.model == m.id and s.location), None)
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message=f"{m.cls} has {nconv} convolution layer(s) and trains on CUDA with {shape_txt}, but "
+                "torch.backends.cudnn.benchmark is False"
+                + (f"; forward+backward take {pct(share)} of the step" if share is not None else "") + ".",
+        evidence=numbers,
+        why="With benchmark on, cuDNN times the available convolution algorithms for each new input shape "
+            "once and keeps the fastest; with fixed shapes that one-off cost buys faster steps for the "
+            "rest of the run.",
+        fix="Enable the auto-tuner before the training loop (results may differ bit-wise between runs; keep "
+            "it off if you need cudnn.deterministic).",
+        snippet="torch.backends.cudnn.benchmark = True",
+        location=loc(site.location) if site else None,
+    )
+
+
+@check(id="optim.zero-grad", title="Gradients zeroed instead of set to None", severity="info",
+       needs=["ranks.optimizers.zero_grad_set_to_none", "ranks.optimizers.zero_grad_s",
+              "ranks.extras.module_zero_grad", "ranks.steps"], tags=["optimizer", "tuning"],
+       docs=guide("use-parameter-grad-none-instead-of-model-zero-grad-or-optimizer-zero-grad"))
+def optim_zero_grad(ev):
+    """`optimizer.zero_grad(set_to_none=False)` or `model.zero_grad(set_to_none=False)`: every step
+    writes zeros into every gradient, the next backward adds into them instead of assigning, and the
+    gradient memory stays allocated between steps. Sized by the measured time inside zero_grad per
+    call as a share of the step: warning at >= 2%, info below. Skipped when no zero_grad() call was
+    seen (gradients cleared by `param.grad = None` are fine)."""
+    cid, title = "optim.zero-grad", "Gradients zeroed instead of set to None"
+    r = ev.primary
+    mz = (r.extras or {}).get("module_zero_grad") or {}
+    calls = sum(o.zero_grad_calls for o in r.optimizers) + int(mz.get("calls", 0) or 0)
+    if calls == 0:
+        yield skipped(cid, title, "No optimizer.zero_grad() or model.zero_grad() call was observed "
+                                  "(param.grad = None is already the recommended way).")
+        return
+    bad_opts = [o for o in r.optimizers if o.zero_grad_calls and o.zero_grad_set_to_none is False]
+    bad_mod = int(mz.get("set_to_none_false", 0) or 0)
+    if not bad_opts and not bad_mod:
+        yield passed(cid, "Gradients set to None", f"{calls} zero_grad() call(s), all with set_to_none=True.",
+                     calls=calls)
+        return
+    zs = sum(o.zero_grad_s for o in bad_opts) + (float(mz.get("s", 0.0) or 0.0) if bad_mod else 0.0)
+    zc = sum(o.zero_grad_calls for o in bad_opts) + (int(mz.get("calls", 0) or 0) if bad_mod else 0)
+    per_call = zs / zc if zc else 0.0
+    ph = r.median_step()
+    step_s = ph["total_s"] if ph else None
+    share = per_call / step_s if step_s else None
+    opt_info = (r.extras or {}).get("optimizers") or {}
+    grad_bytes = sum(int((opt_info.get(str(o.id)) or {}).get("param_bytes") or 0) for o in bad_opts) or \
+        sum(m.param_bytes for m in training_models(r)) or None
+    numbers = {"calls_set_to_none_false": sum(o.zero_grad_calls for o in bad_opts) + bad_mod,
+               "zero_grad_s_per_call": round(per_call, 7), "step_s": round(step_s, 6) if step_s else None,
+               "share_of_step": round(share, 5) if share is not None else None,
+               "grad_bytes_kept": grad_bytes, "optimizers": [o.cls for o in bad_opts],
+               "module_zero_grad_calls": bad_mod}
+    sev = Severity.WARNING if share is not None and share >= ZERO_GRAD_WARN_SHARE else Severity.INFO
+    who = f"{bad_opts[0].cls}.zero_grad(set_to_none=False)" if bad_opts else "model.zero_grad(set_to_none=False)"
+    cost = (f"; zeroing takes {ms(per_call)} per call ({pct(share)} of the {ms(step_s)} step)"
+            if share is not None else "")
+    mem = f" and keeps {size(grad_bytes)} of gradients allocated between steps" if grad_bytes else ""
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message=f"{who} writes zeros into every gradient each step{cost}{mem}.",
+        evidence=numbers,
+        why="Setting .grad to None skips the memset, lets backward assign instead of accumulate (fewer "
+            "memory operations), and frees gradient memory until backward needs it again.",
+        fix="Call zero_grad() with its default set_to_none=True (or set param.grad = None).",
+        snippet="optimizer.zero_grad()   # set_to_none=True is the default since PyTorch 2.0",
+        location=loc(mz.get("location")) if bad_mod and not bad_opts else None,
+    )
+
+
+@check(id="optim.foreach-fused", title="Optimizer without foreach/fused kernels", severity="warning",
+       needs=["ranks.optimizers", "ranks.extras.optimizers", "ranks.steps.optimizer_s"],
+       tags=["optimizer", "gpu", "tuning"], docs=OPTIM_DOCS)
+def optim_foreach_fused(ev):
+    """An optimizer over CUDA parameters running the per-parameter for-loop implementation
+    (foreach=False, or a class without foreach) where foreach (multi-tensor) or fused kernels
+    exist. Sized by the measured optimizer.step() share of the step: warning at >= 5%, info below;
+    an info hint to try fused=True when a foreach optimizer takes >= 10%. Skipped for CPU parameters."""
+    cid, title = "optim.foreach-fused", "Optimizer without foreach/fused kernels"
+    r = ev.primary
+    if not r.optimizers:
+        yield skipped(cid, title, "No torch.optim optimizer step was observed.")
+        return
+    info = (r.extras or {}).get("optimizers") or {}
+    if not info:
+        yield skipped(cid, title, f"Optimizer implementations were not recorded: {PERF_MISSING}.")
+        return
+    recs = [(o, info.get(str(o.id))) for o in r.optimizers if info.get(str(o.id))]
+    cuda = [(o, i) for o, i in recs if i.get("device") == "cuda"]
+    if not cuda:
+        devs = sorted({i.get("device") or "?" for _, i in recs}) or ["?"]
+        yield skipped(cid, title, f"The optimizer's parameters are on {', '.join(devs)}: this check is "
+                                  "about CUDA optimizer kernels.", devices=devs)
+        return
+    ph = r.median_step()
+    share = ph["optimizer_s"] / ph["total_s"] if ph and ph["total_s"] > 0 else None
+    o, i = max(cuda, key=lambda x: x[0].steps)
+    numbers = {"optimizer": o.cls, "foreach": i.get("foreach"), "fused": i.get("fused"),
+               "effective_foreach": i.get("effective_foreach"), "effective_fused": i.get("effective_fused"),
+               "supports_foreach": i.get("supports_foreach"), "supports_fused": i.get("supports_fused"),
+               "params": i.get("params"), "optimizer_share": round(share, 4) if share is not None else None,
+               "optimizer_s": round(ph["optimizer_s"], 6) if ph else None}
+    if i.get("effective_fused"):
+        yield passed(cid, "Fused optimizer", f"{o.cls} runs with fused=True.", **numbers)
+        return
+    if i.get("effective_foreach"):
+        if i.get("supports_fused") and share is not None and share >= FUSED_HINT_SHARE:
+            yield Finding(
+                id=cid, severity=Severity.INFO, title="Optimizer could use fused kernels",
+                message=f"{o.cls} uses the foreach implementation and its step takes {pct(share)} of the step "
+                        f"time; fused=True runs the whole update in one kernel per parameter group.",
+                evidence=numbers, fix=f"Construct {o.cls} with fused=True.",
+                snippet=f"opt = torch.optim.{o.cls}(model.parameters(), lr=..., fused=True)")
+            return
+        yield passed(cid, "Multi-tensor optimizer", f"{o.cls} uses the foreach (multi-tensor) implementation.",
+                     **numbers)
+        return
+    if not i.get("supports_foreach") and not i.get("supports_fused"):
+        yield passed(cid, "No faster implementation", f"{o.cls} has no foreach or fused implementation.",
+                     **numbers)
+        return
+    sev = Severity.WARNING if share is None or share >= OPTIM_WARN_SHARE else Severity.INFO
+    better = "fused=True" if i.get("supports_fused") else "foreach=True"
+    yield Finding(
+        id=cid, severity=sev, title=title,
+        message=f"{o.cls} updates its {i.get('params')} CUDA parameters one by one (for-loop implementation, "
+                f"foreach={i.get('foreach')})"
+                + (f"; optimizer.step() takes {pct(share)} of the step" if share is not None else "") + ".",
+        evidence=numbers,
+        why="The for-loop implementation launches several small kernels per parameter; foreach batches "
+            "them over all parameters and fused does the whole update in one kernel.",
+        fix=f"Construct the optimizer with {better} (or leave foreach unset: PyTorch picks foreach on CUDA).",
+        snippet=f"opt = torch.optim.{o.cls}(model.parameters(), lr=..., {better})",
+    )
+
+
+@check(id="debug.anomaly-detection", title="Debugging tools left on", severity="warning",
+       needs=["ranks.extras.debug", "environment.anomaly_detection"], tags=["debug", "tuning"],
+       docs=guide("disable-debugging-apis"))
+def debug_anomaly_detection(ev):
+    """Autograd anomaly detection (`torch.autograd.set_detect_anomaly(True)` / `detect_anomaly()`)
+    on during training steps (warning: it records a traceback for every forward op and checks every
+    backward for NaN), or a profiler (torch.profiler / torch.autograd.profiler) on for >= 20% of the
+    steps (warning; a shorter profiling window is info). Counted per step."""
+    cid, title = "debug.anomaly-detection", "Debugging tools left on"
+    r = ev.primary
+    dbg = (r.extras or {}).get("debug") or {}
+    steps = int(dbg.get("steps", 0) or 0)
+    anomaly_steps = int(dbg.get("anomaly_steps", 0) or 0)
+    prof_steps = int(dbg.get("profiler_steps", 0) or 0)
+    env_anomaly = bool(ev.environment.anomaly_detection)
+    if not dbg and not env_anomaly:
+        if ev.environment.anomaly_detection is None:
+            yield skipped(cid, title, f"Debug state was not recorded: {PERF_MISSING}.")
+            return
+        if not perf_ran(r):
+            yield skipped(cid, title, f"Anomaly detection was off at the samples taken, but per-step state "
+                                      f"and profilers were not recorded: {PERF_MISSING}.")
+            return
+    found = False
+    if anomaly_steps or env_anomaly:
+        found = True
+        where = dbg.get("anomaly_location")
+        yield Finding(
+            id=cid, severity=Severity.WARNING, title="Autograd anomaly detection left on",
+            message=(f"Autograd anomaly detection was on for {anomaly_steps} of {steps} training steps"
+                     if steps else "Autograd anomaly detection was on during the run")
+                    + (f" (switched on at {short_file(where)})" if where else "")
+                    + ": every forward op records a Python traceback and every backward checks for NaN.",
+            evidence={"anomaly_steps": anomaly_steps, "steps": steps, "env_anomaly_detection": env_anomaly},
+            why="Anomaly detection is a debugging aid: it slows every step (often several-fold on small "
+                "ops) and keeps extra metadata per op.",
+            fix="Remove the call, or enable it only while chasing a NaN (e.g. behind a --debug flag).",
+            snippet="torch.autograd.set_detect_anomaly(args.debug)   # off for real training",
+            location=loc(where),
+        )
+    if prof_steps:
+        found = True
+        share = prof_steps / steps if steps else 1.0
+        where = dbg.get("profiler_location")
+        sev = Severity.WARNING if share >= PROFILER_WARN_SHARE else Severity.INFO
+        yield Finding(
+            id=cid, severity=sev, title="Profiler on during training",
+            message=f"A profiler was recording during {prof_steps} of {steps} training steps ({pct(share)})"
+                    + (f" (created at {short_file(where)})" if where else "") + ".",
+            evidence={"profiler_steps": prof_steps, "steps": steps, "share": round(share, 4)},
+            why="Profilers add per-op overhead and memory; they belong around a short window of steps, "
+                "not the whole run.",
+            fix="Profile a few steps with a schedule (wait/warmup/active) and leave it off otherwise.",
+            snippet=("with torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=1, active=3,\n"
+                     "                                  repeat=1)) as prof:\n"
+                     "    for step, batch in enumerate(loader):\n        train_step(batch)\n        prof.step()"),
+            location=loc(where),
+        )
+    if not found:
+        yield passed(cid, "No debugging tools on", f"Anomaly detection and profilers were off over {steps} step(s).",
+                     steps=steps)
+
+
+@check(id="compile.unused", title="torch.compile not used", severity="info",
+       needs=["ranks.models.wrappers", "ranks.extras.compile", "ranks.steps"], tags=["tuning", "compile"],
+       docs=COMPILE_DOCS)
+def compile_unused(ev):
+    """An info suggestion: the model is not compiled. States the condition under which torch.compile
+    pays off: forward+backward dominate the step (not the data pipeline: >= 30% data wait says fix
+    that first), and the run is long enough to repay a one-off compilation (assumed 60 s; break-even
+    steps = 60 s / (step x forward+backward share x (1 - 1/1.43)), 1.43x being the mean training
+    speed-up PyTorch 2.0 measured on A100 over 163 models)."""
+    cid, title = "compile.unused", "torch.compile not used"
+    r = ev.primary
+    comp = (r.extras or {}).get("compile") or {}
+    compiled = [m for m in r.models if "compiled" in (m.wrappers or [])]
+    if compiled or comp.get("calls") or comp.get("models"):
+        yield passed(cid, "torch.compile in use",
+                     f"torch.compile was called {comp.get('calls', 0)} time(s); {len(compiled) or len(comp.get('models', []))} "
+                     "compiled model(s) seen.", calls=comp.get("calls", 0))
+        return
+    ph = phase_medians(r)
+    if not ph:
+        yield skipped(cid, title, "No training step was observed.")
+        return
+    share = ph["compute_share"]
+    data_share = ph["data_s"] / ph["total_s"]
+    gain_s = ph["total_s"] - ph["total_s"] / amdahl(share, COMPILE_SPEEDUP)
+    breakeven = int(COMPILE_COST_S / gain_s) + 1 if gain_s > 0 else None
+    numbers = {"step_s": round(ph["total_s"], 6), "forward_backward_share": round(share, 4),
+               "data_share": round(data_share, 4), "expected_saving_per_step_s": round(gain_s, 7),
+               "break_even_steps": breakeven, "assumed_compile_s": COMPILE_COST_S,
+               "assumed_speedup": COMPILE_SPEEDUP}
+    if data_share >= DATA_BOUND_SHARE:
+        cond = (f"not yet: the step waits for data {pct(data_share)} of the time, and compile only speeds up "
+                "forward/backward; fix the data pipeline first")
+    else:
+        cond = (f"forward+backward take {pct(share)} of the {ms(ph['total_s'])} step; at the 1.43x mean speed-up "
+                f"that saves about {ms(gain_s)} per step, repaying ~{COMPILE_COST_S:.0f} s of compilation after "
+                f"~{breakeven:,} steps" if breakeven else "the step has no forward/backward time to speed up")
+    yield Finding(
+        id=cid, severity=Severity.INFO, title=title,
+        message=f"The model is not compiled. torch.compile pays off when forward+backward dominate the step "
+                f"and the run is long enough to repay compilation: here, {cond}.",
+        evidence=numbers,
+        why="torch.compile fuses element-wise ops and cuts Python and kernel-launch overhead; compilation "
+            "itself takes from seconds to minutes and recompiles on new input shapes.",
+        fix="Try model = torch.compile(model) on a long run once the data pipeline keeps up; compare step "
+            "times after the first (compiling) steps.",
+        snippet="model = torch.compile(model)   # or model.compile(); mode=\"max-autotune\" for long runs",
+    )

@@ -1,0 +1,146 @@
+"""The perf probe extension (diag/probe/perf.py) in this process: what it records, that it undoes
+every patch, and the CUDA-only paths (sync warnings, pageable copies) driven by hand."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+import diag
+from diag.evidence import Evidence
+from diag.fold import fold
+from diag.probe.core import Probe
+from diag.probe.perf import SYNC_MSG, PerfProbe, graph_saved_bytes, h2d_target
+
+
+def _patched_state():
+    return (torch.compile, torch.autograd.set_detect_anomaly, torch.autograd.detect_anomaly,
+            torch.amp.GradScaler.__dict__.get("__init__"), torch.amp.GradScaler.__dict__.get("scale"),
+            nn.Module.__dict__.get("zero_grad"), torch.profiler.profile.__dict__.get("__init__"),
+            torch.Tensor.__dict__.get("to"), warnings.showwarning)
+
+
+def test_records_scaler_debug_zero_grad_eval_graph_and_undoes_patches():
+    before = _patched_state()
+    try:
+        with diag.watch() as run:
+            assert _patched_state() != before
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cpu")
+            torch.autograd.set_detect_anomaly(True)
+            with torch.profiler.profile():
+                for _ in range(4):
+                    model.zero_grad(set_to_none=False)
+                    with torch.autocast("cpu", dtype=torch.float16):
+                        loss = nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.zeros(8, dtype=torch.long))
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+            torch.autograd.set_detect_anomaly(False)
+            model.eval()
+            out = model(torch.randn(64, 16))       # eval without no_grad: the graph keeps 64x32 fp32
+            del out
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+    assert _patched_state() == before
+    r = run.evidence.primary
+    sc = r.amp["scaler"]
+    assert sc["created"] == 1 and sc["enabled"] and sc["scale_calls"] == 4 and sc["step_calls"] == 4
+    assert sc["location"]["file"] == __file__
+    dbg = r.extras["debug"]
+    assert dbg["anomaly_steps"] == 4 and dbg["profiler_steps"] == 4
+    assert dbg["anomaly_location"]["file"] == __file__ and "set_detect_anomaly(True)" in dbg["anomaly_location"]["code"]
+    mz = r.extras["module_zero_grad"]
+    assert mz["calls"] == 4 and mz["set_to_none_false"] == 4 and mz["location"]["file"] == __file__
+    (rec,) = r.extras["eval_graph"].values()
+    assert rec["bytes"] == 64 * 32 * 4 and rec["code"] == "out = model(torch.randn(64, 16))       # eval without no_grad: the graph keeps 64x32 fp32"
+    opt_rec = r.extras["optimizers"]["1"]
+    assert opt_rec["cls"] == "SGD" and opt_rec["device"] == "cpu" and opt_rec["supports_fused"]
+    assert all("pre_forward_s" in s.extra for s in r.steps)
+    assert r.extras["perf"]["cpu_capability"]
+    findings = {f.id: f for f in run.findings()}
+    assert findings["eval.no-grad"].evidence["graph_bytes_per_forward"] == 64 * 32 * 4
+    assert findings["amp.fp16-without-scaler"].severity.value == "pass"
+
+
+def test_graph_saved_bytes_excludes_parameters_and_inputs():
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8), nn.Sigmoid())
+    x = torch.randn(10, 16)
+    y = model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    nbytes, nodes, complete = graph_saved_bytes(y, params | {x.untyped_storage().data_ptr()})
+    # tanh output (10x32) saved once (Tanh and the second addmm share it) + sigmoid output (10x8)
+    assert nbytes == (10 * 32 + 10 * 8) * 4 and complete and nodes >= 4
+    assert graph_saved_bytes(y, params)[0] == nbytes + 10 * 16 * 4     # the input, when not excluded
+
+
+def test_h2d_target_parsing():
+    dev = torch.device("cuda", 1)
+    t = torch.empty(1)
+    assert h2d_target(("cuda",), {}) == ("cuda", False)
+    assert h2d_target(("cuda:0",), {"non_blocking": True}) == ("cuda", True)
+    assert h2d_target((dev, torch.float16, True), {}) == ("cuda", True)
+    assert h2d_target((0,), {}) == ("cuda", False)
+    assert h2d_target((), {"device": "cuda", "non_blocking": True}) == ("cuda", True)
+    assert h2d_target((torch.float16,), {}) == (None, False)
+    assert h2d_target((t, True), {}) == ("cpu", True)
+    assert h2d_target(("cpu",), {}) == ("cpu", False)
+
+
+def _sync_here():
+    warnings.warn(SYNC_MSG)     # what torch's sync debug mode raises from C++ on every sync
+
+
+def test_sync_capture_counts_per_step_locates_and_restores():
+    """On CUDA the warnings come from torch.cuda.set_sync_debug_mode("warn"); here the same warning
+    is issued by hand, so the capture, counting, location and clean-up are the real code."""
+    events = []
+    probe = Probe(events.append)
+    probe.active = True
+    ext = PerfProbe()
+    ext._probe = probe
+    ext._torch = torch
+    seen = []
+    orig_show, n_filters = warnings.showwarning, len(warnings.filters)
+    warnings.showwarning = lambda *a, **k: seen.append(str(a[0]))
+    try:
+        ext.start_sync_capture(2)
+        for step in (2, 3, 4):
+            for _ in range(step - 1):
+                _sync_here()
+            ext.on_step_end(probe, {"index": step, "extra": {}})
+        warnings.warn("an unrelated warning")          # passes through to the previous handler
+        ext._close_sync(probe)
+        assert warnings.showwarning is not ext._hook
+        _sync_here()                                    # after the window: no longer counted
+    finally:
+        hook = warnings.showwarning
+        warnings.showwarning = orig_show
+    assert len(warnings.filters) == n_filters
+    assert seen == ["an unrelated warning", SYNC_MSG] and hook is not ext._hook
+    ev = Evidence()
+    for e in events:
+        fold(ev, e)
+    s = ev.primary.sync
+    assert s["state"] == "sampled" and s["per_step"] == [1, 2, 3] and s["total"] == 6 and s["steps"] == 3
+    site = s["sites"][0]
+    assert site["file"] == __file__ and site["function"] == "_sync_here" and site["count"] == 6
+    assert "warnings.warn(SYNC_MSG)" in site["code"]
+
+
+def test_record_copy_counts_pageable_non_blocking_copies():
+    events = []
+    probe = Probe(events.append)
+    ext = PerfProbe()
+    ext._probe = probe
+    t = torch.zeros(256)                  # pageable CPU memory (a CPU-only build cannot pin)
+    ext.record_copy(t, non_blocking=True)
+    ext.record_copy(t, non_blocking=False)
+    c = ext.copies
+    assert c["h2d_copies"] == 2 and c["h2d_bytes"] == 2 * 256 * 4
+    assert c["non_blocking_pageable"] == 1 and c["blocking"] == 1
+    (site,) = ext._copy_sites.values()
+    assert site["file"] == __file__ and "ext.record_copy(t, non_blocking=True)" in site["code"]
