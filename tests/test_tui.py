@@ -410,3 +410,47 @@ async def test_quit_stops_the_script_and_its_dataloader_workers(tmp_path):
     assert _alive(procs) == []
     assert run.evidence.run.stop_reason == "stopped: diag tui was closed"
     assert (run.run_dir / "evidence.json").is_file()
+
+
+def test_memory_tab_shows_a_batch_size_plan():
+    from diag.memory.plan import make_plan
+    from diag.tui.widgets.memory import plan_renderable
+
+    GiB = 1 << 30
+
+    def train(batch, accumulation=1):
+        acts = batch * GiB // 4
+        cats = {"parameters": 2 * GiB, "gradients": 2 * GiB, "optimizer_state": 4 * GiB, "activations": acts,
+                "other": 0}
+        return {"batch": batch, "mode": "train", "peak": sum(cats.values()), "categories": cats, "uses": {}}
+
+    est = make_plan(train, None, observed_batch=64, target_batch=128, capacity=40 * GiB, facts={"matmul": True},
+                    table=True)
+    est["capacity_source"] = "NVIDIA A100 40GB SXM"
+    ev = demo_evidence()
+    ev.primary.memory["estimate"] = est
+    text = plain(plan_renderable(ev), 120)
+    assert "batch 128 does NOT fit" in text
+    assert f"largest training batch that fits: {est['max_batch']}" in text
+    assert "accumulation steps" in text and "128 *" in text
+    ev.primary.memory["estimate"] = {"status": "skipped", "reason": "the step calls .item()"}
+    assert "no batch-size plan: the step calls .item()" in plain(plan_renderable(ev), 120)
+
+
+def test_copy_of_live_evidence_is_complete_and_independent():
+    from diag.fold import fold
+    from diag.tui.live import copy_evidence
+
+    ev = demo_evidence()
+    c = copy_evidence(ev)
+    assert json.dumps(c.to_dict(), sort_keys=True, default=str) == json.dumps(ev.to_dict(), sort_keys=True,
+                                                                              default=str)
+    steps, count = len(c.primary.steps), c.primary.step_stats.count
+    # the runner keeps folding into the original: the copy does not move
+    fold(ev, {"kind": "step", "rank": 0, "t": 9.0, "index": 41, "total_s": 0.05, "data_s": 0.01})
+    fold(ev, {"kind": "append", "rank": 0, "path": "memory.steps", "value": {"step": 41}})
+    fold(ev, {"kind": "forward_counts", "rank": 0, "counts": {s.key: 999 for s in ev.primary.forwards}})
+    fold(ev, {"kind": "end", "rank": 0, "status": "completed", "reason": "done"})
+    assert len(c.primary.steps) == steps and c.primary.step_stats.count == count
+    assert "steps" not in c.primary.memory and all(s.count != 999 for s in c.primary.forwards)
+    assert c.primary.extras.get("end_reason") != "done"

@@ -61,7 +61,7 @@ def replay_app(tab: str = "checks", scenario: str | None = "healthy-8", evidence
 
     ev = evidence if evidence is not None else demo_evidence()
     fs = findings if findings is not None else demo_findings()
-    source = ReplaySource(ev, findings=fs, path=str(EVIDENCE))
+    source = ReplaySource(ev, findings=fs, path=str(EVIDENCE), label="tests/fixtures/tui/evidence.json")
     gpu = sim_gpu(scenario) if scenario else None
     return DiagApp(source, gpu, clock=frozen_clock(), initial_tab=tab, **kw)
 
@@ -92,3 +92,14 @@ def widget_text(app, selector: str, width: int = 100) -> str:
 
     w = app.query_one(selector, Static)
     return plain(w.content, width)
+
+
+def freeze_catalogue(monkeypatch) -> None:
+    """The Cost tab prices with a copy of the GPU catalogue taken when the snapshots were made
+    (tests/fixtures/tui/gpus.toml), so that a price update in diag/cost/gpus.toml does not change them."""
+    import diag.cost.catalog as cat
+    import diag.tui.costform as cf
+
+    monkeypatch.setattr(cat, "BUILTIN_PATH", FIXTURES / "gpus.toml")
+    monkeypatch.setattr(cat, "_BUILTIN_CACHE", None)
+    monkeypatch.setattr(cf, "_catalog", cat.load_catalog(user=False))

@@ -165,7 +165,8 @@ class DiagApp(App[int]):
     # ---- the tick: batch what arrived, render what is on screen --------------------------------------
     def _tick(self) -> None:
         now = time.monotonic()
-        if (not self._evaluating and now - self._last_eval >= self.refresh_s and self.source.pending()):
+        interval = self.source.min_interval(self.refresh_s)
+        if not self._evaluating and now - self._last_eval >= interval and self.source.pending():
             self._evaluating = True
             self._last_eval = now
             self._evaluate()
