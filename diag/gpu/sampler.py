@@ -357,10 +357,18 @@ class Sampler:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread. A sampler that was started but never sampled (a run shorter than the
+        thread's start) takes one sample now, so that the evidence has the devices."""
         self._stop.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
+            if self.samples == 0 and not t.is_alive():
+                try:
+                    self.sample_once()
+                except Exception as e:
+                    self.errors += 1
+                    self.last_error = f"{type(e).__name__}: {e}"
 
     @property
     def running(self) -> bool:
@@ -380,9 +388,14 @@ class Sampler:
 
     # ---- reading ----
     def devices(self) -> list[DeviceStatic]:
+        """The provider's devices (fetched once; the first call may initialise NVML)."""
+        with self._lock:
+            if self._statics is not None:
+                return list(self._statics)
+        statics = list(self.provider.devices())      # outside the lock: NVML init can take seconds
         with self._lock:
             if self._statics is None:
-                self._statics = list(self.provider.devices())
+                self._statics = statics
             return list(self._statics)
 
     def latest(self) -> Snapshot | None:
@@ -516,8 +529,10 @@ class Sampler:
                     if rec is None:
                         if len(table) >= MAX_PROCESSES_KEPT:
                             continue
+                        # other people's command lines stay out of the evidence (they may hold secrets)
                         table[key] = {"pid": p.pid, "device": p.device, "mig": p.mig, "name": p.name,
-                                      "command": p.command[:300], "user": p.user, "visible": p.visible,
+                                      "command": p.command[:300] if p.pid in run_pids else "",
+                                      "user": p.user, "visible": p.visible,
                                       "used_memory_max": mem, "first_t": round(t_rel, 3), "last_t": round(t_rel, 3)}
                     else:
                         rec["last_t"] = round(t_rel, 3)
@@ -529,13 +544,13 @@ class Sampler:
         """The ``Evidence.gpu`` section (shape documented in docs/gpus.md)."""
         prov = self.provider
         with self._lock:
-            try:
-                statics = self.devices()
-            except Exception:
-                statics = []
-            reason = getattr(prov, "reason", None)
+            # before the first sample, NVML may not be initialised yet: do not do it here (this is
+            # called from the runner's save(), on the caller's thread)
+            known = self._statics is not None
+            statics = list(self._statics or [])
+            reason = getattr(prov, "reason", None) if known else None
             provider_name = getattr(prov, "name", "none")
-            if not statics and provider_name != "simulated":
+            if known and not statics and provider_name != "simulated":
                 provider_name = "none"
             run_devices = {p["device"] for p in self._run_gpu_procs.values()}
             tracking = self._tree is not None
@@ -565,7 +580,7 @@ class Sampler:
                 devices.append(d)
             notes = []
             try:
-                notes = list(prov.notes())
+                notes = list(prov.notes()) if known else []
             except Exception:
                 pass
             tree = self._tree
@@ -590,7 +605,7 @@ class Sampler:
                 "series": self._host_series.export(), "stride": self._host_series.stride,
             }
             try:
-                driver = dict(prov.driver())
+                driver = dict(prov.driver()) if known else {}
             except Exception:
                 driver = {}
             return {
@@ -598,6 +613,7 @@ class Sampler:
                 "simulated": bool(getattr(prov, "simulated", False)),
                 "scenario": getattr(prov, "scenario", None),
                 "reason": reason if not statics else None,
+                "pending": not known,            # no sample taken yet
                 "interval_s": self.interval,
                 "t0": self.t0,
                 "samples": self.samples,
