@@ -11,7 +11,7 @@ Layout::
     Evidence
       schema_version, run (RunInfo), environment (Environment)
       ranks: [RankEvidence]       one per process (rank 0 only for a single-process run)
-      gpu: {...}                  telemetry sampled by diag's own process (see docs/evidence.md)
+      gpu: {...}                  telemetry sampled by diag's own process (shape: docs/gpus.md)
       memory_plan, cost: {...}    results computed from the evidence (memory planner, cost engine)
       notes: [str]                things diag wants the reader to know (e.g. "simulated GPUs")
 
@@ -274,7 +274,7 @@ class Evidence:
     run: RunInfo = field(default_factory=RunInfo)
     environment: Environment = field(default_factory=Environment)
     ranks: list[RankEvidence] = field(default_factory=list)
-    gpu: dict[str, Any] = field(default_factory=dict)          # telemetry (docs/evidence.md#gpu)
+    gpu: dict[str, Any] = field(default_factory=dict)          # telemetry (docs/gpus.md#evidencegpu)
     memory_plan: dict[str, Any] = field(default_factory=dict)  # batch-size plan when estimated
     cost: dict[str, Any] = field(default_factory=dict)         # cost estimate from the measured run
     notes: list[str] = field(default_factory=list)
