@@ -346,7 +346,7 @@ def _narrow_devices(devices: list[dict], sim: bool):
                    f"PCIe rx {fmt(d.get('pcie_rx_bps'), 'B/s')} tx {fmt(d.get('pcie_tx_bps'), 'B/s')} · "
                    f"fan {fmt(d.get('fan_pct'), '%')} · throttle ", style="dim")
         bad = bool(active) and any(r in ("sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake") for r in active)
-        out.append("N/A" if active is None else (", ".join(active) if active else "none"),
+        out.append("N/A" if active is None else (", ".join(active) if active else ("idle" if thr else "none")),
                    style="bold red" if bad else ("yellow" if active else "dim"))
         out.append("\n")
         for m in d.get("mig_devices") or []:
