@@ -208,8 +208,9 @@ def empty_text(v: GpuView) -> Text:
         t.append(v.hint + "\n", style="dim")
     if v.simulated:
         t.append(f"(simulated scenario '{v.simulated}')\n", style="magenta")
-    t.append("\nThe checks still run; the GPU checks say they were skipped and why.\n"
-             "Simulated GPUs: diag tui --simulate-gpus healthy-8 (or DIAG_SIMULATE_GPUS).", style="dim")
+    t.append("\nThe checks still run; the GPU checks say they were skipped and why.", style="dim")
+    if not v.hint and not v.simulated:
+        t.append("\nSimulated GPUs: diag tui --simulate-gpus healthy-8 (or DIAG_SIMULATE_GPUS).", style="dim")
     return t
 
 
