@@ -121,6 +121,10 @@ def validate_torchrun(nproc, torchrun_args: list[str], python: str | None = None
         raise DiagError(f"--nproc-per-node: {e}") from None
     if _has(args, "--nproc-per-node"):
         raise DiagError("give --nproc-per-node once, as diag's own option")
+    for flag in ("--no-python", "--module", "-m", "--run-path"):
+        if _has(args, flag):
+            raise DiagError(f"torchrun's {flag} cannot be passed through: diag starts each rank itself "
+                            "(python -m diag.probe SCRIPT); give the script with --script")
     for flag, parse in (("--nnodes", parse_nnodes), ("--master-port", parse_port),
                         ("--rdzv-endpoint", parse_endpoint)):
         v = _opt(args, flag)

@@ -294,6 +294,8 @@ def test_parse_nproc_refuses(value):
     (2, ["--rdzv-endpoint=host:port"], "HOST or HOST:PORT"),
     (2, ["--node-rank=-1"], "0 or more"),
     (2, ["--nproc-per-node=3"], "once"),
+    (2, ["--no-python"], "cannot be passed through"),
+    (2, ["--run-path"], "cannot be passed through"),
     (0, [], "positive number"),
 ])
 def test_validate_torchrun_refuses_before_launch(nproc, args, needle):

@@ -117,9 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _write_log(f"--- diag.probe.launch {time.strftime('%Y-%m-%d %H:%M:%S')}: torchrun {' '.join(argv)}")
 
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    try:
+        from torch.distributed import run as torchrun
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    except Exception as e:   # torch without torch.distributed (some macOS/Windows builds)
+        print(f"diag: torchrun is not available in this Python ({type(e).__name__}: {e}); "
+              "--nproc-per-node needs a torch build with torch.distributed", file=sys.stderr)
+        return 2
 
     _quiet_torch_logging()
 
