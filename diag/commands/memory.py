@@ -101,6 +101,9 @@ def run(args) -> int:
         raise DiagError("nothing to plan: give --script PATH (and --gpu NAME or --memory SIZE)",
                         hint="diag memory --help shows the options")
     target = resolve_target(args)
+    if args.from_ and target is not None:
+        raise DiagError("--from prints the plan saved in a run; to plan for another device, run "
+                        "diag memory --script again with --gpu or --memory")
     if args.from_:
         from diag.evidence import load_evidence
         from diag.memory.report import build_memory_plan

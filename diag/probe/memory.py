@@ -110,7 +110,8 @@ class MemoryProbe:
             self._persistent_done = True
             self._emit_persistent(probe)
         self._cuda_step(probe, idx)
-        if self.mode and not self._estimated and idx >= self.at_step:
+        if self.mode and not self._estimated and idx >= self.at_step and probe.rank == 0:
+            # one rank is enough (the plan reads rank 0); after an OOM every rank replays its own step
             self._estimate(probe, trigger="requested", budget=_env_float("DIAG_MEMORY_BUDGET_S", 120.0))
             self._mark_next = True
 
@@ -124,7 +125,8 @@ class MemoryProbe:
         if oom:
             self._record_oom(probe, exc)
         cuda_oom = oom and exc is not None and ("cuda" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError")
-        if not self._estimated and ((self.mode and probe.steps_done < self.at_step) or (cuda_oom and self.on_oom)):
+        asked = self.mode and probe.steps_done < self.at_step and probe.rank == 0
+        if not self._estimated and (asked or (cuda_oom and self.on_oom)):
             if self._spec is None and self._spec_error is None and exc is not None:
                 self._capture_from_traceback(probe, exc)
             budget = _env_float("DIAG_MEMORY_BUDGET_S", 120.0) if self.mode else \
