@@ -71,7 +71,7 @@ def _hints(r, m: dict, s: dict, ev) -> list[tuple[str, str, str | None]]:
     if m.get("recompute_detected") and s.get("hfu") and s.get("mfu"):
         out.append((0.2, f"activation recomputation runs extra forwards (HFU {pct(s['hfu'])} vs MFU {pct(s['mfu'])})",
                     "Recompute selectively (attention only) or not at all when memory allows.", None))
-    if m.get("compiled"):
+    if m.get("compiled") and m.get("method") != "analytic":
         out.append((0.1, "the model is compiled: FlopCounterMode may not see fused kernels, so the FLOPs and "
                          "the MFU can read low", "Compare with an uncompiled run.", None))
     out.sort(key=lambda t: -t[0])

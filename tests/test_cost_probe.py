@@ -321,3 +321,34 @@ def test_precision_and_peak_lookup_for_gpu_devices(tmp_path, monkeypatch):
     (tmp_path / "diag" / "gpus.toml").write_text("[gpu.x\n")
     gid, peak, note = fc._peak("NVIDIA A100-SXM4-80GB", "bf16")
     assert (gid, peak) == ("a100-80gb", 312e12) and "not used" in note and "line 1" in note
+
+
+class OptimizedModule(nn.Module):
+    """Stands in for torch.compile's wrapper (same class name and `_orig_mod`, as wrappers_of checks):
+    compiling for real needs a C++ toolchain and tens of seconds on this machine."""
+
+    def __init__(self, mod):
+        super().__init__()
+        self._orig_mod = mod
+
+    def forward(self, x):
+        return self._orig_mod(x)
+
+
+def test_compiled_model_is_estimated_not_counted():
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    model = OptimizedModule(inner)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with diag.watch(max_steps=5) as run:
+        for _ in range(6):
+            model(torch.randn(16, 64)).square().mean().backward()
+            opt.step(); opt.zero_grad()
+    r = run.evidence.primary
+    m = r.flops["measured"]
+    n = sum(p.numel() for p in inner.parameters())
+    assert m["method"] == "analytic" and m["compiled"]
+    assert m["flops"] == m["model_flops"] == pytest.approx(6 * n * 16, abs=3)
+    assert m["by_op"] == {} and not any(s.instrumented for s in r.steps)     # nothing slowed down
+    assert "compiled model" in r.flops["status"]
+    assert r.flops["achieved"]["model_flops_per_s"] > 0

@@ -493,7 +493,9 @@ def from_evidence(ev) -> Measured:
     notes = []
     if m.get("recompute_detected"):
         notes.append("activation recomputation detected: MFU counts 3x the forward FLOPs, HFU what executed")
-    if m.get("compiled"):
+    if m.get("method") == "analytic":
+        notes.append("compiled model: the step's FLOPs are 6 x non-embedding parameters x tokens/samples, not counted")
+    elif m.get("compiled"):
         notes.append("the model is compiled: FlopCounterMode may not see fused kernels, FLOPs can be low")
     if m.get("peak_note"):
         notes.append(m["peak_note"])

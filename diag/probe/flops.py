@@ -11,6 +11,9 @@ disable with ``DIAG_PROBE_DISABLE=flopcounter``) it:
   backward finishes), so evaluation forwards run between steps are not counted;
 * marks the step (and the step before it when counting started early) ``instrumented`` so timing
   statistics leave it out;
+* for a ``torch.compile``d model, does not count (the mode over compiled code is a risk on the user's
+  hot path, and fused kernels are invisible to it): the step's FLOPs are 6 x non-embedding parameters
+  x tokens (or samples), ``method: "analytic"`` (``DIAG_FLOPS_COMPILED=1`` counts anyway);
 * writes ``flops.measured`` (FLOPs, forward/backward split, samples and tokens, precision, device,
   catalogue peak) when the step ends, and ``flops.achieved`` (achieved FLOP/s, MFU, HFU, the
   counter's overhead) a few steps later, every 50 steps, and at exit.
@@ -85,6 +88,7 @@ class FlopCounter:
         self._totals: list[tuple[int, float, bool]] = []
         self.measured: dict[str, Any] | None = None
         self._last_emit = 0
+        self.analytic = False     # compiled model: no counter, 6·N·D from the step's shapes instead
 
     # ---- interface --------------------------------------------------------------------------------
     def install(self, probe) -> None:
@@ -100,16 +104,28 @@ class FlopCounter:
             self._instrumented.add(index)
 
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
-        if not self.active or self.counter is None:
+        if not ((self.active and self.counter is not None) or self.analytic):
             return
         step = probe._step
         if step is None or step.index != self.target:
             return
         try:
+            self._n_forward += 1
+            if self.analytic:
+                from diag.probe.core import batch_size_of
+
+                samples, tokens, _, _ = batch_size_of(args, kwargs)
+                self._samples += samples or 0
+                if tokens:
+                    self._tokens += tokens
+                else:
+                    self._token_inputs = False
+                if id(module) not in self._models:
+                    self._models[id(module)] = self._describe(module)
+                return
             total = self.counter.get_total_flops()
             self._fwd_flops += max(0, total - self._fwd_start)
             self._fwd_start = total
-            self._n_forward += 1
             from diag.probe.core import batch_size_of, grad_tensor
 
             samples, tokens, _, _ = batch_size_of(args, kwargs)
@@ -136,12 +152,17 @@ class FlopCounter:
             self._totals.append((idx, total_s, ins))
             if len(self._totals) > MAX_TOTALS:
                 del self._totals[0]
-            if self.active and idx >= self.target:
+            if (self.active or self.analytic) and idx >= self.target:
                 self._finish(probe, idx)
-            elif not self.active and not self.done and not self.failed:
+            elif not self.active and not self.analytic and not self.done and not self.failed:
                 early = 2 if probe._manual_mode else 1
                 if idx >= self.target - early:
-                    self._enter(probe)
+                    if self._compiled(probe) and os.environ.get("DIAG_FLOPS_COMPILED") != "1":
+                        self.analytic = True
+                        probe.emit("set", path="flops.status",
+                                   value=f"compiled model: step {self.target} estimated as 6·N·D, not counted")
+                    else:
+                        self._enter(probe)
             elif self.measured is not None:
                 after = idx - self.measured["step"]
                 if after in EMIT_AFTER or (after > 0 and idx % EMIT_EVERY == 0):
@@ -259,14 +280,19 @@ class FlopCounter:
             pass
         self._exit(probe)
         self.done = True
-        fwd, bwd = int(self._fwd_flops), int(self._bwd_flops)
-        flops = fwd + bwd
-        recompute = bool(fwd and bwd > RECOMPUTE_RATIO * fwd)
-        model_flops = 3 * fwd if recompute else flops
         params = sum(m["params"] for m in self._models.values())
         params_ne = sum(m["params_non_embedding"] for m in self._models.values())
         units = self._tokens if (self._token_inputs and self._tokens) else self._samples
         analytic = 6 * params_ne * units if params_ne and units else None
+        if self.analytic:
+            self.analytic = False
+            fwd = int(analytic / 3) if analytic else 0
+            bwd = 2 * fwd
+        else:
+            fwd, bwd = int(self._fwd_flops), int(self._bwd_flops)
+        flops = fwd + bwd
+        recompute = bool(fwd and bwd > RECOMPUTE_RATIO * fwd)
+        model_flops = 3 * fwd if recompute else flops
         precision, precision_why = self._precision or ("fp32", "float32")
         dev_type, dev_name = self._device or ("cpu", None)
         gpu_id = peak = peak_note = None
@@ -289,13 +315,31 @@ class FlopCounter:
             "compiled": any(m.get("compiled") for m in self._models.values()),
             "by_op": by_op, "by_module": top_modules,
             "instrumented_steps": sorted(self._instrumented),
+            "method": "counted" if counter is not None else "analytic",
         }
         probe.emit("set", path="flops.measured", value=self.measured)
-        probe.emit("set", path="flops.status", value=f"measured step {self.target}")
+        probe.emit("set", path="flops.status", value=f"measured step {self.target}" if counter is not None else
+                   f"compiled model: step {self.target} estimated as 6 x non-embedding parameters x "
+                   f"{'tokens' if self._tokens and self._token_inputs else 'samples'} (DIAG_FLOPS_COMPILED=1 counts it)")
         if not flops:
             probe.emit("set", path="flops.status",
                        value="no FLOPs counted in the measured step (compiled or custom kernels are invisible "
                              "to FlopCounterMode)")
+
+    @staticmethod
+    def _compiled(probe) -> bool:
+        """Is any model seen so far wrapped by torch.compile? FlopCounterMode over compiled code is
+        not worth the risk on the user's hot path (and cannot see fused kernels anyway)."""
+        from diag.probe.core import wrappers_of
+
+        for ref in list(getattr(probe, "_model_refs", {}).values()):
+            try:
+                mod = ref()
+            except Exception:
+                mod = None
+            if mod is not None and "compiled" in wrappers_of(mod)[1]:
+                return True
+        return False
 
     def _describe(self, module) -> dict:
         from diag.probe.core import wrappers_of
