@@ -253,6 +253,8 @@ def run(args) -> int:
             raise DiagError("--params comes from the measured run with --from; leave it out")
         if any(v is not None for v in arch.values()):
             raise DiagError("--layers/--heads/--head-dim/--seq-len do not apply with --from (the FLOPs are measured)")
+        if args.recompute != "none":
+            raise DiagError("--recompute does not apply with --from (recomputation is detected in the measured step)")
         measured = from_evidence(load_evidence(args.from_path))
     else:
         if args.params is None:
