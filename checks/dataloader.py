@@ -204,7 +204,7 @@ def dataloader_pin_memory(ev):
     pageable_nb = int(copies.get("non_blocking_pageable", 0) or 0)
     ph = r.median_step()
     step_s = ph["total_s"] if ph else None
-    csteps = int(copies.get("steps", 0) or 0)
+    csteps = int(copies.get("steps", 0) or 0) if copies.get("watched", True) else 0
     per_step = (copies.get("h2d_bytes", 0) / csteps) if csteps and copies.get("h2d_bytes") else _batch_bytes(r)
     est = per_step / PAGEABLE_BPS if per_step else None
     saving = per_step * (1 / PAGEABLE_BPS - 1 / PINNED_BPS) if per_step else None

@@ -115,12 +115,15 @@ def test_sync_capture_counts_per_step_locates_and_restores():
         warnings.warn("an unrelated warning")          # passes through to the previous handler
         ext._close_sync(probe)
         assert warnings.showwarning is not ext._hook
-        _sync_here()                                    # after the window: no longer counted
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _sync_here()                                # after the window: no longer counted
+        assert [str(w.message) for w in caught] == [SYNC_MSG]
     finally:
         hook = warnings.showwarning
         warnings.showwarning = orig_show
     assert len(warnings.filters) == n_filters
-    assert seen == ["an unrelated warning", SYNC_MSG] and hook is not ext._hook
+    assert seen == ["an unrelated warning"] and hook is not ext._hook
     ev = Evidence()
     for e in events:
         fold(ev, e)
@@ -144,3 +147,72 @@ def test_record_copy_counts_pageable_non_blocking_copies():
     assert c["non_blocking_pageable"] == 1 and c["blocking"] == 1
     (site,) = ext._copy_sites.values()
     assert site["file"] == __file__ and "ext.record_copy(t, non_blocking=True)" in site["code"]
+
+
+class _StandInCuda:
+    """Stands in for a CUDA build's torch.cuda sync-debug API (this machine has a CPU-only build):
+    records the modes the extension sets, so the window's plumbing can be checked."""
+
+    def __init__(self, mode=0):
+        self.mode, self.calls = mode, []
+
+    def get_sync_debug_mode(self):
+        return self.mode
+
+    def set_sync_debug_mode(self, mode):
+        self.calls.append(mode)
+        self.mode = 0 if mode in (0, "default") else 1
+
+    def is_initialized(self):
+        return True
+
+
+class _StandInTorch:
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.Tensor = type("Tensor", (), {"to": lambda self, *a, **k: self, "cuda": lambda self, *a, **k: self})
+        self._C = torch._C
+
+    def is_anomaly_enabled(self):
+        return False
+
+
+def test_sync_window_opens_after_step_one_counts_twenty_steps_and_restores():
+    events = []
+    probe = Probe(events.append)
+    probe.active = True
+    ext = PerfProbe()
+    ext._probe = probe
+    cuda = _StandInCuda()
+    ext._torch = _StandInTorch(cuda)
+    ext._cuda_training = True                    # as on_model sets it for a model on cuda:0
+    orig_to = ext._torch.Tensor.to
+    show = warnings.showwarning
+    try:
+        ext.on_step_end(probe, {"index": 1, "extra": {}})
+        assert cuda.calls == ["warn"] and ext._sync_open and ext._copy_watch
+        assert ext._torch.Tensor.__dict__["to"] is not orig_to           # copies watched in the window
+        for i in range(2, 22):
+            _sync_here()
+            ext.on_step_end(probe, {"index": i, "extra": {}})
+        assert cuda.calls == ["warn", 0] and not ext._sync_open and not ext._copy_watch
+        assert ext._torch.Tensor.__dict__["to"] is orig_to
+        assert warnings.showwarning is show
+    finally:
+        ext._close_sync(probe)
+        warnings.showwarning = show
+    assert ext.sync["steps"] == 20 and ext.sync["total"] == 20 and ext.sync["first_step"] == 2
+    assert ext.sync["per_step"] == [1] * 20 and ext.copies["watched"]
+
+
+def test_sync_window_leaves_a_mode_the_script_set_alone():
+    probe = Probe([].append)
+    probe.active = True
+    ext = PerfProbe()
+    ext._probe = probe
+    cuda = _StandInCuda(mode=1)
+    ext._torch = _StandInTorch(cuda)
+    ext._cuda_training = True
+    ext.on_step_end(probe, {"index": 1, "extra": {}})
+    assert cuda.calls == [] and not ext._sync_open
+    assert ext.sync["state"].startswith("not sampled: the script set sync debug mode 1")

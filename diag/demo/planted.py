@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--items", type=int, default=640)
-    ap.add_argument("--delay", type=float, default=0.001, help="seconds of decoding per item")
+    ap.add_argument("--delay", type=float, default=0.002, help="seconds of decoding per item")
     args = ap.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

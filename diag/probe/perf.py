@@ -147,7 +147,7 @@ class PerfProbe:
         self._hook = self._showwarning     # one bound method, so that `is` finds it again
         self._copy_sites: dict[tuple, dict] = {}
         self.copies = {"h2d_copies": 0, "h2d_bytes": 0, "non_blocking_pageable": 0,
-                       "non_blocking_pinned": 0, "blocking": 0, "steps": 0, "sites": []}
+                       "non_blocking_pinned": 0, "blocking": 0, "steps": 0, "sites": [], "watched": False}
         self._copy_watch = False
 
     # ---- install / uninstall -----------------------------------------------------------------------
@@ -229,9 +229,12 @@ class PerfProbe:
 
         def scale(sc, outputs):
             if ext._live():
-                ext.scaler["scale_calls"] += 1
-                ext.scaler["enabled"] = bool(sc.is_enabled())
-                ext._dirty.add("scaler")
+                try:
+                    ext.scaler["scale_calls"] += 1
+                    ext.scaler["enabled"] = bool(sc.is_enabled())
+                    ext._dirty.add("scaler")
+                except Exception:
+                    pass
             return orig_scale(sc, outputs)
 
         def step(sc, optimizer, *args, **kwargs):
@@ -256,11 +259,14 @@ class PerfProbe:
 
         def compile(*args, **kwargs):
             if ext._live():
-                ext.compile["calls"] += 1
-                if ext.compile["location"] is None:
-                    ext.compile["location"] = _loc_of(_caller_outside_library())
-                ext._stop_copy_watch()      # never leave a patched Tensor.to under dynamo
-                ext._mark("compile", now=True)
+                try:
+                    ext.compile["calls"] += 1
+                    if ext.compile["location"] is None:
+                        ext.compile["location"] = _loc_of(_caller_outside_library())
+                    ext._stop_copy_watch()      # never leave a patched Tensor.to under dynamo
+                    ext._mark("compile", now=True)
+                except Exception as e:
+                    ext._probe._report_error("PerfProbe.compile", e)
             return orig(*args, **kwargs)
 
         compile.__wrapped__ = orig
@@ -343,14 +349,17 @@ class PerfProbe:
                 return orig(module, set_to_none)
             t0 = time.perf_counter()
             out = orig(module, set_to_none)
-            z = ext.module_zero_grad
-            z["calls"] += 1
-            z["s"] += time.perf_counter() - t0
-            if not set_to_none:
-                z["set_to_none_false"] += 1
-                if z["location"] is None:
-                    z["location"] = _loc_of(_caller_outside_library())
-            ext._dirty.add("module_zero_grad")
+            try:
+                z = ext.module_zero_grad
+                z["calls"] += 1
+                z["s"] += time.perf_counter() - t0
+                if not set_to_none:
+                    z["set_to_none_false"] += 1
+                    if z["location"] is None:
+                        z["location"] = _loc_of(_caller_outside_library())
+                ext._dirty.add("module_zero_grad")
+            except Exception:
+                pass
             return out
 
         zero_grad.__wrapped__ = orig
@@ -664,6 +673,7 @@ class PerfProbe:
         self._patch(Tensor, "to", to, self._copy_patches)
         self._patch(Tensor, "cuda", cuda, self._copy_patches)
         self._copy_watch = True
+        self.copies["watched"] = True
 
     def _stop_copy_watch(self) -> None:
         self._copy_watch = False
