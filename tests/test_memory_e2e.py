@@ -179,6 +179,11 @@ def test_check_does_not_replay_by_default_and_the_replay_changes_nothing(diag_cl
     est = ev2["ranks"][0]["memory"]["estimate"]
     assert est["status"] == "ok" and est["trigger"] == "requested" and est["at_step"] == 1
     assert [st["instrumented"] for st in ev2["ranks"][0]["steps"]] == [False, True, False, False]
+    # the replay's forwards and optimizer steps are not the user's: nothing extra was recorded
+    assert [(o["cls"], o["steps"]) for o in ev2["ranks"][0]["optimizers"]] == [("AdamW", 4)]
+    assert [(s["training"], s["count"]) for s in ev2["ranks"][0]["forwards"]] == \
+        [(s["training"], s["count"]) for s in ev["ranks"][0]["forwards"]]
+    assert not ev2["ranks"][0]["extras"].get("probe_errors")
     # the replay left the training alone: same losses, step for step (RNG and modules restored)
     losses = [ln for ln in plain.stderr.splitlines() if ln.startswith("step ")]
     assert len(losses) == 4
