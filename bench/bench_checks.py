@@ -24,7 +24,7 @@ def _loop(steps: int, model, opt, x, y, torch):
     return (time.perf_counter() - t0) / steps
 
 
-def ab(results: dict, blocks: int = 7, steps: int = 300) -> None:
+def ab(results: dict, blocks: int = 15, steps: int = 200) -> None:
     import torch
     from torch import nn
 
@@ -56,8 +56,11 @@ def ab(results: dict, blocks: int = 7, steps: int = 300) -> None:
     results["ab_perf_extension_us_per_step"] = round(d * 1e6, 2)
     results["ab_share_of_5ms_step_pct"] = round(100 * d / 0.005, 3)
     results["ab_share_of_20ms_step_pct"] = round(100 * d / 0.020, 3)
+    q = statistics.quantiles(diffs, n=4) if len(diffs) >= 4 else [d, d, d]
+    results["ab_paired_diff_iqr_us"] = [round(q[0] * 1e6, 1), round(q[2] * 1e6, 1)]
     print(f"   tiny step {base * 1e6:.0f} us with the core probe, {ext * 1e6:.0f} us with PerfProbe too: "
-          f"{d * 1e6:.1f} us per step = {100 * d / 0.005:.2f}% of a 5 ms step")
+          f"{d * 1e6:.1f} us per step = {100 * d / 0.005:.2f}% of a 5 ms step "
+          f"(paired differences, inter-quartile range {q[0] * 1e6:.0f}..{q[2] * 1e6:.0f} us)")
 
 
 def hooks(results: dict, n: int = 20000) -> None:

@@ -2,7 +2,6 @@
 auto-tuner, zeroing gradients, optimizer implementations, debugging APIs left on, torch.compile."""
 from __future__ import annotations
 
-from diag.evidence import median
 from diag.findings import Finding, Severity
 from diag.registry import check
 
