@@ -39,7 +39,9 @@ _CAPABILITY = (("t4", [7, 5]), ("v100", [7, 0]), ("a100", [8, 0]), ("a10", [8, 6
 
 def add_arguments(p) -> None:
     add_run_arguments(p)
-    p.set_defaults(steps=None)
+    for action in p._actions:
+        if action.dest == "steps":
+            action.help = "stop the script after N training steps (default here: 1; the replay runs after step 1)"
     t = p.add_argument_group("the target")
     t.add_argument("--gpu", metavar="NAME", help="a GPU from the catalogue (diag cost --list-gpus), e.g. a100-80gb, "
                    "h100, l4, rtx-4090")
