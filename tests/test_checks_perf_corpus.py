@@ -23,7 +23,7 @@ def reports(tmp_path_factory):
             cwd = tmp_path_factory.mktemp(name.replace(".py", ""))
             if name.startswith("demo"):
                 cmd = ["demo", "--format", "json"] + (["--clean"] if name == "demo-clean" else []) + \
-                      ["--", "--epochs", "1"]
+                      ["--", "--epochs", "1", "--items", "320"]
             else:
                 cmd = ["check", "--script", str(SCRIPTS / name), "--format", "json", "--fail-on", "never", *args]
             r = run_diag(*cmd, cwd=cwd, timeout=180)
