@@ -99,7 +99,6 @@ class Registry:
         reg = cls()
         seen_ids: set[str] = set()
         eps = list(entry_points(group=ENTRY_POINT_GROUP))
-        builtin_found = any(ep.value.startswith("diag.checks") for ep in eps)
         for ep in sorted(eps, key=lambda e: (not e.value.startswith("diag.checks"), e.name)):
             dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
             source = "builtin" if ep.value.startswith("diag.checks") else f"{dist} ({ep.name})"
@@ -113,9 +112,10 @@ class Registry:
                     continue
                 seen_ids.add(spec.id)
                 reg.specs.append(spec)
-        if not builtin_found:
-            # Running from a source tree that was never installed: find the built-ins directly.
-            reg._add_builtin_modules(seen_ids)
+        # The built-in modules are also found directly: a source tree that was never installed,
+        # or installed metadata older than the tree (an entry point added since the last
+        # `pip install -e .`), must not hide a built-in check.
+        reg._add_builtin_modules(seen_ids)
         reg.specs.sort(key=lambda s: s.id)
         return reg
 
