@@ -102,11 +102,11 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
         one.append(" · no problems found so far" if status == "running" else " · no problems found",
                    style="green")
     # line two: why it ended, where things are, badges
+    _badges(state, two)              # first: "simulated" must always be seen
     reason = _end_reason(ev)
     if reason:
         two.append(reason, style="red" if status in ("failed", "oom", "killed") else "")
         two.append("  ")
-    _badges(state, two)
     if state.mode == "replay":
         two.append("replay of ", style="dim")
         two.append(state.source_path or "saved evidence", style="dim")

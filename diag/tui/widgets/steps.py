@@ -84,15 +84,15 @@ class StepsPane(Pane):
         with VerticalScroll(id="steps-scroll"):
             yield Static(id="steps-summary")
             yield Static(id="steps-breakdown")
+            table = DataTable(id="steps-ranks", cursor_type="none", zebra_stripes=True)
+            for col in ("rank", "host", "status", "steps", "step", "data", "fwd", "bwd", "opt", "samples/s",
+                        "tokens/s"):
+                table.add_column(col, key=col)
+            yield table
             yield Static(id="steps-spark-label", classes="spark-label")
             yield Sparkline([], id="steps-spark")
             yield Static(id="steps-data-label", classes="spark-label")
             yield Sparkline([], id="steps-data-spark")
-            table = DataTable(id="steps-ranks", cursor_type="none", zebra_stripes=True)
-            for col in ("rank", "host", "status", "steps", "epoch", "median step", "data", "forward",
-                        "backward", "optimizer", "samples/s", "tokens/s"):
-                table.add_column(col, key=col)
-            yield table
 
     def refresh_data(self, state: UIState) -> None:
         ev = state.evidence
@@ -117,10 +117,11 @@ class StepsPane(Pane):
         table.display = len(s.ranks) > 1
         if len(s.ranks) > 1:
             table.clear()
+            slowest = max(s.ranks, key=lambda r: (r.median or {}).get("total_s") or 0.0)
             for r in s.ranks:
                 m = r.median or {}
-                table.add_row(str(r.rank), r.host, r.status, str(r.steps),
-                              "" if r.epoch is None else str(r.epoch),
-                              fmt.ms(m.get("total_s")), fmt.ms(m.get("data_s")),
+                style = "bold yellow" if r is slowest else ""
+                table.add_row(Text(str(r.rank), style=style), r.host, r.status, str(r.steps),
+                              Text(fmt.ms(m.get("total_s")), style=style), fmt.ms(m.get("data_s")),
                               fmt.ms(m.get("forward_s")), fmt.ms(m.get("backward_s")),
                               fmt.ms(m.get("optimizer_s")), fmt.si(r.samples_s), fmt.si(r.tokens_s))
