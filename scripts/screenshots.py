@@ -1,5 +1,6 @@
 """Screenshots of every tab of `diag tui`, made from the real app: the bundled demo
-(diag/demo/planted.py) runs for real under the probe, with simulated GPUs (labelled so on screen).
+(diag/demo/planted.py, copied into a scratch project as train.py) runs for real under the probe, with
+simulated GPUs (labelled so on screen).
 
     .venv/bin/python scripts/screenshots.py                  # run the demo, write screenshots/*.svg and *.png
     .venv/bin/python scripts/screenshots.py --from tests/fixtures/tui/evidence.json   # no run: a saved one
@@ -116,11 +117,15 @@ def main() -> int:
 
         def make_app():
             if "run" not in run_box:
-                # as a user would: from a project directory, the run directory under .diag/runs/
+                # as a user would: the demo copied into a project directory as train.py, run from
+                # there, the run directory under .diag/runs/
+                import shutil
+
                 os.chdir(workdir)
+                shutil.copy(REPO / "diag" / "demo" / "planted.py", workdir / "train.py")
                 from diag.commands.tui import memory_plan_env
 
-                cfg = RunConfig(script=str(REPO / "diag" / "demo" / "planted.py"), echo=None,
+                cfg = RunConfig(script=str(workdir / "train.py"), echo=None,
                                 simulate_gpus=args.scenario, gpu_interval=0.5,
                                 env=memory_plan_env("h100"))        # as `diag tui --memory-plan h100`
                 run = run_box["run"] = Run(cfg)
@@ -131,7 +136,8 @@ def main() -> int:
             for _ in range(60):
                 sampler.sample_once()
             return DiagApp(ReplaySource(run.evidence, path=str(run.evidence_path),
-                                        label="demo run (diag/demo/planted.py)"), GpuFeed(sampler, own=False))
+                                        label=".diag/runs/" + run.run_dir.name + "/evidence.json"),
+                           GpuFeed(sampler, own=False))
 
         async def ready(pilot):
             app = pilot.app

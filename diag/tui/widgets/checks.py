@@ -137,7 +137,12 @@ class ChecksPane(Pane):
                 yield Static(detail_renderable(None), id="checks-detail")
 
     def data_key(self, state: UIState):
-        return (state.version, self.size.width)
+        # the table's own width too: it settles a frame after the pane's when the layout changes
+        try:
+            tw = self.query_one("#checks-table", DataTable).size.width
+        except Exception:
+            tw = 0
+        return (state.version, self.size.width, tw)
 
     def on_resize(self) -> None:
         app = self.app
