@@ -99,7 +99,13 @@ class Run:
         config.nproc_per_node = validate_torchrun(config.nproc_per_node, config.torchrun_args, config.python)
         if config.run_dir:
             self.run_dir = Path(config.run_dir)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.run_dir.exists() and not self.run_dir.is_dir():
+                raise DiagError(f"--run-dir {config.run_dir!r} exists and is not a directory")
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise DiagError(f"cannot create the run directory {config.run_dir!r}: {e.strerror}") from None
+            _clear_previous_run(self.run_dir)
         else:
             try:
                 self.run_dir = new_run_dir(config.runs_root)
@@ -499,3 +505,21 @@ def _in_session(proc, sid: int) -> bool:
         return os.getsid(proc.pid) == sid
     except OSError:
         return False
+
+
+RUN_FILES = ("events.rank*.jsonl", "evidence.json", "report.json", "log.txt", "launcher.log")
+
+
+def _clear_previous_run(run_dir: Path) -> None:
+    """A reused --run-dir starts fresh: diag's own files from an earlier run are removed (the
+    events would otherwise be appended to and folded twice). Nothing else is touched."""
+    removed = []
+    for pattern in RUN_FILES:
+        for p in run_dir.glob(pattern):
+            try:
+                p.unlink()
+                removed.append(p.name)
+            except OSError:
+                pass
+    if removed:
+        sys.stderr.write(f"diag: {run_dir} held an earlier run; its files were replaced\n")

@@ -179,3 +179,12 @@ def test_demo_planted_and_clean(diag_cli):
     r = diag_cli("demo", "--clean", "--format", "json", "--fail-on", "warning", "--", "--epochs", "1")
     bad = [f for f in r.json()["findings"] if f["severity"] in ("error", "warning", "crashed")]
     assert bad == [] and r.code == 0
+
+
+def test_reused_run_dir_starts_fresh(diag_cli, tmp_path):
+    run_dir = tmp_path / "again"
+    _, first = check_json(diag_cli, "spine_manual_sgd.py", "--run-dir", str(run_dir))
+    r, second = check_json(diag_cli, "spine_manual_sgd.py", "--run-dir", str(run_dir))
+    assert first["summary"]["steps"] == second["summary"]["steps"] == 8
+    assert "held an earlier run" in r.stderr
+    assert (run_dir / "log.txt").read_text().count("trained") == 1

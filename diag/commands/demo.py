@@ -6,7 +6,7 @@ from diag.commands import check as check_cmd
 DESCRIPTION = """\
 Run `diag check` on a training script bundled with diag that has planted problems (a DataLoader that
 starves the model, evaluation without no_grad, gradients zeroed instead of freed, anomaly detection
-left on), or on its clean twin with --clean. Exits 0 unless diag itself fails (the planted findings
+left on, fp16 autocast without a GradScaler), or on its clean twin with --clean. Exits 0 unless diag itself fails (the planted findings
 are the point), unless you pass --fail-on."""
 EPILOG = """\
 examples:

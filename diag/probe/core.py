@@ -825,6 +825,7 @@ class Probe:
             return
         self._step = None
         self._last_boundary = end
+        self._depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
         self.steps_done = step.index
         total = end - step.start
         other = total - step.data_s - step.forward_s - step.backward_s - step.optimizer_s - step.eval_s
