@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tui_support import (EVIDENCE, demo_evidence, demo_findings, monitor_app, plain, replay_app, sim_gpu,
+from tui_support import (EVIDENCE, demo_evidence, demo_findings, monitor_app, plain, replay_app,
                          sim_sampler, widget_text)
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

@@ -2,8 +2,6 @@
 with the numbers, why it matters, the fix, its snippet and the line in the user's script."""
 from __future__ import annotations
 
-import os
-
 from rich.console import Group
 from rich.syntax import Syntax
 from rich.table import Table
