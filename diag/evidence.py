@@ -12,7 +12,7 @@ Layout::
       schema_version, run (RunInfo), environment (Environment)
       ranks: [RankEvidence]       one per process (rank 0 only for a single-process run)
       gpu: {...}                  telemetry sampled by diag's own process (shape: docs/gpus.md)
-      memory_plan, cost: {...}    results computed from the evidence (memory planner, cost engine)
+      memory_plan: {...}          the batch-size plan when one was estimated (memory planner)
       notes: [str]                things diag wants the reader to know (e.g. "simulated GPUs")
 
 This module must not import torch.
@@ -276,7 +276,6 @@ class Evidence:
     ranks: list[RankEvidence] = field(default_factory=list)
     gpu: dict[str, Any] = field(default_factory=dict)          # telemetry (docs/gpus.md#evidencegpu)
     memory_plan: dict[str, Any] = field(default_factory=dict)  # batch-size plan when estimated
-    cost: dict[str, Any] = field(default_factory=dict)         # cost estimate from the measured run
     notes: list[str] = field(default_factory=list)
 
     # ---- convenience ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 
 Each node runs ``diag check --nproc-per-node N --nnodes M --node-rank K ...`` and writes its own
 run directory holding its own ranks (global rank numbers). Merging keeps every rank, takes the
-environment, GPU telemetry, memory plan and cost of the file holding rank 0, and sets the run's
+environment, GPU telemetry and memory plan of the file holding rank 0, and sets the run's
 status to the worst of the nodes'. Files that cannot belong to one job are refused with one clear
 sentence: a single-process run, the same rank in two files, different world sizes, different
 torchrun job ids. Ranks missing from every file (a node's file not given) are allowed and noted.
@@ -110,7 +110,7 @@ def merge_evidence(evidences: list[Evidence], sources: list[str] | None = None) 
     primary_idx = next((i for i, ev in enumerate(evidences) if any(r.rank == 0 for r in ev.ranks)), 0)
     primary = evidences[primary_idx]
     out = Evidence(diag_version=primary.diag_version, environment=primary.environment,
-                   gpu=primary.gpu, memory_plan=primary.memory_plan, cost=primary.cost)
+                   gpu=primary.gpu, memory_plan=primary.memory_plan)
     out.run = _merge_run(evidences, sources, primary)
     for ev in evidences:
         out.ranks.extend(ev.ranks)

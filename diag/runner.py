@@ -222,8 +222,12 @@ class Run:
         p = self.proc
         if p is None or p.poll() is not None:
             return
+        # SIGTERM to the script's main process only: it unwinds (the probe raises DiagStop), and
+        # its DataLoader iterators shut their workers down cleanly. Killing the whole group at once
+        # would kill the workers first and make torch report them as crashed. torchrun forwards the
+        # signal to its ranks. Whatever is still alive after the grace period is killed.
         try:
-            os.killpg(p.pid, signal.SIGTERM)
+            os.kill(p.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
 

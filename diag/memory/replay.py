@@ -478,8 +478,10 @@ class StepReplay:
             from torch.utils._python_dispatch import _disable_current_modes
 
             # a clean mode stack: a FlopCounterMode (or the user's own mode) must not see the replay
+            # anomaly detection (left on by some scripts) checks every gradient for NaN: a
+            # data-dependent read that fake tensors cannot answer, and no part of the estimate
             with _disable_current_modes(), torch.inference_mode(False), torch.enable_grad(), \
-                    _autocast_off():
+                    _autocast_off(), torch.autograd.set_detect_anomaly(False):
                 with fake_mode:
                     sess.setup()
                 with fake_mode, tracker:

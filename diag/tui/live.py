@@ -50,7 +50,6 @@ def copy_evidence(ev: Evidence) -> Evidence:
     new.run.sources = list(ev.run.sources)
     new.notes = list(ev.notes)
     new.memory_plan = _copy_section(ev.memory_plan)
-    new.cost = _copy_section(ev.cost)
     ranks = []
     for r in ev.ranks:
         c = copy.copy(r)
