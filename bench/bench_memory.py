@@ -20,6 +20,18 @@ ROOT = HERE.parent
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, ROOT)
+
+
+def hwm():
+    # this process's peak RSS since exec (VmHWM); ru_maxrss would include the parent's peak
+    # from before the exec (Linux keeps it across execve)
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 t_import = time.perf_counter()
 import torch
 from torch import nn
@@ -27,7 +39,7 @@ import torch.nn.functional as F
 from diag.memory.replay import InputSpec, StepReplay
 from diag.memory.plan import make_plan
 t_import = time.perf_counter() - t_import
-rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss_import = hwm()
 
 class Block(nn.Module):
     def __init__(self, h, a):
@@ -66,7 +78,7 @@ replay = StepReplay(model, [opt], InputSpec((ids,), {}), autocast=cfg.get("autoc
 t0 = time.perf_counter()
 est = replay.train(cfg["B"])
 step_s = time.perf_counter() - t0
-rss_step = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss_step = hwm()
 out = {"params": params, "batch": cfg["B"], "seq": cfg["S"], "step_s": step_s, "peak": est["peak"],
        "categories": est["categories"], "peak_phase": est["peak_phase"], "rss_after_import": rss_import,
        "rss_max": rss_step, "import_s": t_import}
@@ -85,7 +97,7 @@ if cfg.get("plan"):
                      capability=[9, 0], table=False)
     out.update(plan_s=time.perf_counter() - t0, plan_replays=plan["replays"], plan_max_batch=plan["max_batch"],
                plan_max_eval_batch=(plan["eval"] or {}).get("max_batch"),
-               plan_trials=plan["search"]["trials"], rss_max=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+               plan_trials=plan["search"]["trials"], rss_max=hwm())
 print("RESULT " + json.dumps(out))
 """.replace("ROOT", repr(str(ROOT)))
 
