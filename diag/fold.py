@@ -6,8 +6,8 @@ Event kinds (each carries ``t`` seconds since the probe started, and ``rank``):
 ``env``            Environment fields (replaces environment; emitted at start, after step 2, at exit)
 ``model``          ModelInfo fields (first top-level forward of a module)
 ``forward_site``   ForwardSite fields (new combination of model, call site and mode)
-``forward_counts`` {counts: {site_key: total}}
-``step``           StepRecord fields
+``forward_counts`` {counts: {site_key: total}} (at the end of a run; during it they ride on ``step``)
+``step``           StepRecord fields (+ ``forward_counts``: {site_key: total} for sites called since the last step)
 ``dataloader``     DataLoaderInfo fields (cumulative; replaces the earlier record with that id)
 ``optimizer``      OptimizerInfo fields (cumulative)
 ``exception``      ExceptionInfo fields
@@ -48,6 +48,9 @@ def fold(ev: Evidence, event: dict[str, Any]) -> None:
     t = data.pop("t", None)
 
     if kind == "step":
+        counts = data.pop("forward_counts", None)
+        if counts:
+            _apply_counts(r, counts)
         step = _from_dict(StepRecord, data)
         step.t = t or 0.0
         r.steps.append(step)
@@ -67,10 +70,7 @@ def fold(ev: Evidence, event: dict[str, Any]) -> None:
         st.tokens += step.tokens or 0
         r.backward_calls += step.n_backward
     elif kind == "forward_counts":
-        counts = data.get("counts", {})
-        for site in r.forwards:
-            if site.key in counts:
-                site.count = counts[site.key]
+        _apply_counts(r, data.get("counts", {}))
     elif kind == "forward_site":
         site = _from_dict(ForwardSite, data)
         _replace_by_id(r.forwards, site, "key")
@@ -115,6 +115,12 @@ def fold(ev: Evidence, event: dict[str, Any]) -> None:
         lst = other.setdefault(str(kind), [])
         if len(lst) < 100:
             lst.append(data)
+
+
+def _apply_counts(r: RankEvidence, counts: dict) -> None:
+    for site in r.forwards:
+        if site.key in counts:
+            site.count = counts[site.key]
 
 
 def _apply_section(r: RankEvidence, kind: str, data: dict) -> None:

@@ -56,8 +56,10 @@ class FileSink:
         self._lock = threading.Lock()
 
     def __call__(self, event: dict) -> None:
-        line = json.dumps(event, default=str, allow_nan=False) if _finite(event) else \
-            json.dumps(_scrub(event), default=str)
+        try:
+            line = json.dumps(event, default=str, allow_nan=False)
+        except ValueError:   # NaN or infinity somewhere: JSON has no spelling for them
+            line = json.dumps(_scrub(event), default=str)
         with self._lock:
             self._f.write(line + "\n")
             self._f.flush()
@@ -67,14 +69,6 @@ class FileSink:
             self._f.close()
         except Exception:
             pass
-
-
-def _finite(obj: Any) -> bool:
-    try:
-        json.dumps(obj, default=str, allow_nan=False)
-        return True
-    except ValueError:
-        return False
 
 
 def _scrub(obj: Any) -> Any:
@@ -841,9 +835,10 @@ class Probe:
             ev["extra"]["eval_s"] = step.eval_s
         if self.extensions:
             self._ext("on_step_end", ev)
+        if self._site_dirty:   # forward counts ride on the step event: one write per step
+            ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
+            self._site_dirty.clear()
         self.emit("step", **ev)
-        if self._site_dirty:
-            self._flush_sites()
         if not self._env_refreshed and step.index >= 2:
             # flags such as cudnn.benchmark are often set after import: read them again once
             self._env_refreshed = True
