@@ -24,6 +24,9 @@ def _env():
 
 def _median_step(with_probe: bool, tmp: str) -> float:
     env = _env()
+    # one intra-op thread on both sides: two threads on a 2-core machine make the step time swing
+    # by +-10% from run to run, which would drown a 1% effect
+    env["OMP_NUM_THREADS"] = "1"
     if with_probe:
         env["DIAG_EVENTS"] = os.path.join(tmp, f"ev-{time.monotonic_ns()}.jsonl")
         cmd = [PY, "-m", "diag.probe", str(WORKLOAD), "300"]
@@ -33,7 +36,7 @@ def _median_step(with_probe: bool, tmp: str) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["median_step_s"]
 
 
-def probe_overhead(results: dict, pairs: int = 10) -> None:
+def probe_overhead(results: dict, pairs: int = 20) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base, probed = [], []
         for i in range(pairs):           # paired and alternated, so drift hits both sides
@@ -45,8 +48,11 @@ def probe_overhead(results: dict, pairs: int = 10) -> None:
     results["step_median_with_probe_ms"] = round(1000 * statistics.median(probed), 3)
     results["probe_overhead_median_pct"] = round(100 * statistics.median(ratios), 2)
     results["probe_overhead_pairs_pct"] = [round(100 * r, 2) for r in ratios]
+    q = statistics.quantiles(ratios, n=4)
+    results["probe_overhead_iqr_pct"] = [round(100 * q[0], 2), round(100 * q[2], 2)]
     print(f"   step {results['step_median_without_diag_ms']} ms -> {results['step_median_with_probe_ms']} ms "
-          f"with the probe: overhead {results['probe_overhead_median_pct']}% (median of {pairs} pairs)")
+          f"with the probe: overhead {results['probe_overhead_median_pct']}% (median of {pairs} pairs, "
+          f"inter-quartile range {results['probe_overhead_iqr_pct'][0]}..{results['probe_overhead_iqr_pct'][1]}%)")
 
 
 def check_wall(results: dict) -> None:
