@@ -123,3 +123,18 @@ def size(n: float | None) -> str:
         if abs(n) >= div:
             return f"{n / div:.2f} {unit}" if unit == "GiB" else f"{n / div:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def cuda_training(r, cid: str, title: str, why_cuda: str):
+    """The models this rank trains when it trains on CUDA: ``(models, None)``; otherwise
+    ``(None, a skipped Finding)`` saying why the check cannot judge (no training forward, or the
+    model trains elsewhere: ``why_cuda`` says why the check is about CUDA)."""
+    from ._util import skipped
+
+    if not training_sites(r):
+        return None, skipped(cid, title, "No training forward was observed.")
+    models = training_models(r)
+    if "cuda" not in device_types(models):
+        devs = sorted(device_types(models)) or ["cpu"]
+        return None, skipped(cid, title, f"The model trains on {', '.join(devs)}: {why_cuda}", devices=devs)
+    return models, None

@@ -4,9 +4,9 @@ from __future__ import annotations
 from diag.findings import Finding, Severity
 from diag.registry import check
 
-from ._perf import (PERF_MISSING, amdahl, autocast_dtypes, cap_str, capability, cuda_device,
-                    device_types, guide, half_param_dtypes, perf_ran, phase_medians, short_file,
-                    training_models, training_sites)
+from ._perf import (cuda_training, PERF_MISSING, amdahl, autocast_dtypes, cap_str, capability, cuda_device,
+                    guide, half_param_dtypes, perf_ran, phase_medians, short_file, training_models,
+                    training_sites)
 from ._util import loc, passed, pct, skipped
 
 AMP_DOCS = "https://pytorch.org/docs/stable/amp.html"
@@ -21,11 +21,7 @@ ALIGN_WARN_SHARE = 0.10      # misaligned layers holding >= 10% of the matmul we
 ALIGN_MIN_SHARE = 0.01       # below 1% (a 10-class head): ignored
 
 
-def _gpu_only_skip(cid, title, r, models):
-    devs = device_types(models) or {"cpu"}
-    return skipped(cid, title, f"The model trains on {', '.join(sorted(devs))}: this check is about CUDA "
-                               "tensor cores (see amp.availability for what this machine supports).",
-                   devices=sorted(devs))
+TENSOR_CORES = "this check is about CUDA tensor cores (see amp.availability for what this machine supports)."
 
 
 @check(id="amp.unused", title="Training in fp32 on a GPU with tensor cores", severity="warning",
@@ -40,15 +36,12 @@ def amp_unused(ev):
     info below (the step is bound elsewhere first). Skipped on CPU-only runs."""
     cid, title = "amp.unused", "Training in fp32 on a GPU with tensor cores"
     r = ev.primary
+    models, skip = cuda_training(r, cid, title, TENSOR_CORES)
+    if skip:
+        yield skip
+        return
     sites = training_sites(r)
-    if not sites:
-        yield skipped(cid, title, "No training forward was observed.")
-        return
-    models = training_models(r)
     dev = cuda_device(ev, models)
-    if "cuda" not in device_types(models):
-        yield _gpu_only_skip(cid, title, r, models)
-        return
     cap = capability(dev)
     name = dev.name if dev else "the GPU"
     if cap is not None and cap < (7, 0):
@@ -218,12 +211,9 @@ def matmul_tf32(ev):
     forward+backward take >= 30% of the step, info below. Skipped on CPU-only runs."""
     cid, title = "matmul.tf32", "fp32 matmuls without TF32"
     r = ev.primary
-    if not training_sites(r):
-        yield skipped(cid, title, "No training forward was observed.")
-        return
-    models = training_models(r)
-    if "cuda" not in device_types(models):
-        yield _gpu_only_skip(cid, title, r, models)
+    models, skip = cuda_training(r, cid, title, TENSOR_CORES)
+    if skip:
+        yield skip
         return
     dev = cuda_device(ev, models)
     cap = capability(dev)
@@ -295,12 +285,9 @@ def tensor_cores_alignment(ev):
     Skipped without CUDA or without mixed precision (see amp.unused)."""
     cid, title = "tensor-cores.alignment", "Layer sizes not multiples of 8"
     r = ev.primary
-    if not training_sites(r):
-        yield skipped(cid, title, "No training forward was observed.")
-        return
-    models = training_models(r)
-    if "cuda" not in device_types(models):
-        yield _gpu_only_skip(cid, title, r, models)
+    models, skip = cuda_training(r, cid, title, TENSOR_CORES)
+    if skip:
+        yield skip
         return
     if not (autocast_dtypes(r) or half_param_dtypes(models)):
         yield skipped(cid, title, "Training runs in fp32, which does not use fp16/bf16 tensor cores "

@@ -8,7 +8,7 @@ from diag.evidence import median
 from diag.findings import Finding, Severity
 from diag.registry import check
 
-from ._perf import PERF_MISSING, device_types, guide, perf_ran, short_file, training_models, training_sites
+from ._perf import cuda_training, PERF_MISSING, guide, perf_ran, short_file, training_sites
 from ._util import loc, ms, passed, pct, skipped
 
 WARN_SHARE = 0.10    # data wait >= 10% of step time: warning (TraceML warns at 10%)
@@ -191,14 +191,9 @@ def dataloader_pin_memory(ev):
     Skipped when the model does not train on CUDA."""
     cid, title = "dataloader.pin-memory", "Host-to-GPU copies from pageable memory"
     r = ev.primary
-    models = training_models(r)
-    if not training_sites(r):
-        yield skipped(cid, title, "No training forward was observed.")
-        return
-    if "cuda" not in device_types(models):
-        devs = sorted(device_types(models)) or ["cpu"]
-        yield skipped(cid, title, f"The model trains on {', '.join(devs)}: pinned memory only speeds up "
-                                  "host-to-GPU copies.", devices=devs)
+    models, skip = cuda_training(r, cid, title, "pinned memory only speeds up host-to-GPU copies.")
+    if skip:
+        yield skip
         return
     copies = (r.extras or {}).get("copies") or {}
     loaders = [d for d in r.dataloaders if d.batches > 0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from diag.findings import Finding, Severity
 from diag.registry import check
 
-from ._perf import device_types, guide, short_file, training_models, training_sites
+from ._perf import cuda_training, guide, short_file
 from ._util import loc, ms, passed, skipped
 
 SYNC_WARN_PER_STEP = 1.0    # at least one synchronisation per step on average: warning
@@ -23,14 +23,9 @@ def sync_host_device(ev):
     and collectives."""
     cid, title = "sync.host-device", "Host-device synchronisations every step"
     r = ev.primary
-    if not training_sites(r):
-        yield skipped(cid, title, "No training forward was observed.")
-        return
-    models = training_models(r)
-    if "cuda" not in device_types(models):
-        devs = sorted(device_types(models)) or ["cpu"]
-        yield skipped(cid, title, f"The model trains on {', '.join(devs)}: torch's sync debug mode exists "
-                                  "for CUDA only.", devices=devs)
+    models, skip = cuda_training(r, cid, title, "torch's sync debug mode exists for CUDA only.")
+    if skip:
+        yield skip
         return
     s = r.sync or {}
     state = s.get("state")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from diag.findings import Finding, Severity
 from diag.registry import check
 
-from ._perf import (PERF_MISSING, amdahl, device_types, guide, perf_ran, phase_medians, short_file,
-                    size, training_models, training_sites)
+from ._perf import (cuda_training, PERF_MISSING, amdahl, guide, perf_ran, phase_medians, short_file, size,
+                    training_models, training_sites)
 from ._util import loc, ms, passed, pct, skipped
 
 OPTIM_DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
@@ -34,14 +34,9 @@ def cudnn_benchmark(ev):
     Skipped without CUDA."""
     cid, title = "cudnn.benchmark", "cuDNN auto-tuner off for a convolutional model"
     r = ev.primary
-    if not training_sites(r):
-        yield skipped(cid, title, "No training forward was observed.")
-        return
-    models = training_models(r)
-    if "cuda" not in device_types(models):
-        devs = sorted(device_types(models)) or ["cpu"]
-        yield skipped(cid, title, f"The model trains on {', '.join(devs)}: cudnn.benchmark only affects "
-                                  "cuDNN convolutions on CUDA.", devices=devs)
+    models, skip = cuda_training(r, cid, title, "cudnn.benchmark only affects cuDNN convolutions on CUDA.")
+    if skip:
+        yield skip
         return
     convs = [(m, sum(v for k, v in (m.module_types or {}).items() if "Conv" in k)) for m in models]
     convs = [(m, n) for m, n in convs if n]

@@ -159,7 +159,7 @@ class Registry:
             findings.extend(run_one(spec, evidence))
         for p in self.problems:
             findings.append(Finding(
-                id=f"diag.plugin-load", severity=Severity.CRASHED,
+                id="diag.plugin-load", severity=Severity.CRASHED,
                 title="A check plugin failed to load",
                 message=f"The entry point {p.entry_point} could not be loaded: {p.error}.",
                 fix="Reinstall or fix the package that provides this entry point.",

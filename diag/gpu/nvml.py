@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
-import sys
 import threading
 from typing import Any
 

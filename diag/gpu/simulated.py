@@ -26,7 +26,7 @@ import math
 import threading
 import time
 import uuid as _uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from diag.errors import DiagError

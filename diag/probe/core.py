@@ -193,6 +193,23 @@ def wrappers_of(module) -> tuple[str, list[str], Any]:
     return type(inner).__name__, wrappers, inner
 
 
+def find_ddp(module):
+    """The DistributedDataParallel module inside ``module`` (itself, or under torch.compile or
+    DataParallel); None when there is none."""
+    m = module
+    for _ in range(4):
+        name = type(m).__name__
+        if name == "DistributedDataParallel":
+            return m
+        if name == "OptimizedModule" and hasattr(m, "_orig_mod"):
+            m = m._orig_mod
+        elif name == "DataParallel" and hasattr(m, "module"):
+            m = m.module
+        else:
+            return None
+    return None
+
+
 MAX_LAYER_SHAPES = 200
 
 

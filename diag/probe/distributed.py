@@ -32,6 +32,8 @@ import os
 import time
 import weakref
 
+from diag.probe.core import find_ddp
+
 MEMORY_EVERY = 10          # steps between two `distributed.memory` events
 UNUSED_CHECK_FORWARDS = 3  # DDP training forwards whose autograd graph is walked for unused params
 MAX_NAMES = 20
@@ -42,20 +44,6 @@ LAUNCHER_ENV = {"CUDA_VISIBLE_DEVICES": "cuda_visible_devices", "LOCAL_WORLD_SIZ
                 "ROLE_WORLD_SIZE": "role_world_size", "TORCHELASTIC_RUN_ID": "run_id",
                 "TORCHELASTIC_RESTART_COUNT": "restart_count", "TORCHELASTIC_MAX_RESTARTS": "max_restarts",
                 "MASTER_ADDR": "master_addr", "MASTER_PORT": "master_port"}
-
-
-def _find_ddp(module):
-    """The DistributedDataParallel module inside ``module`` (itself, or under torch.compile)."""
-    m = module
-    for _ in range(4):
-        name = type(m).__name__
-        if name == "DistributedDataParallel":
-            return m
-        if name == "OptimizedModule" and hasattr(m, "_orig_mod"):
-            m = m._orig_mod
-        else:
-            return None
-    return None
 
 
 def _tensors(obj, out: list, depth: int = 0) -> list:
@@ -163,7 +151,7 @@ class DistributedProbe:
 
     # ---- models and forwards -----------------------------------------------------------------------
     def on_model(self, probe, module, info) -> None:
-        ddp = _find_ddp(module)
+        ddp = find_ddp(module)
         if ddp is None:
             return
         self._activate(probe)
@@ -232,7 +220,7 @@ class DistributedProbe:
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
         if not self._models:
             return
-        ddp = _find_ddp(module)
+        ddp = find_ddp(module)
         if ddp is None:
             return
         mid = probe._models.get(id(module))

@@ -32,6 +32,8 @@ import time
 import weakref
 from typing import Any
 
+from diag.probe.core import find_ddp
+
 MAX_STEP_RECORDS = 2000
 PEAK_RISE = 0.01            # recompute the breakdown when the running peak rises by more than 1%
 
@@ -394,7 +396,7 @@ class MemoryProbe:
             return {"status": "skipped", "reason": str(e)}
         capacity, cap_name, capability = self._capacity(probe, exc)
         facts: dict[str, Any] = {}
-        ddp = _ddp_of(model)
+        ddp = find_ddp(model)
         if ddp is not None and not getattr(ddp, "gradient_as_bucket_view", False):
             facts["ddp_grad_bytes"] = sum(p.numel() * p.element_size() for p in replay.model.parameters()
                                           if p.requires_grad)
@@ -417,19 +419,3 @@ class MemoryProbe:
         plan["capacity_source"] = cap_name
         plan["replay"] = replay.describe()
         return plan
-
-
-def _ddp_of(model):
-    """The DistributedDataParallel wrapper around the model, if any (through torch.compile)."""
-    m = model
-    for _ in range(4):
-        name = type(m).__name__
-        if name == "DistributedDataParallel":
-            return m
-        if name == "OptimizedModule" and hasattr(m, "_orig_mod"):
-            m = m._orig_mod
-        elif name == "DataParallel" and hasattr(m, "module"):
-            m = m.module
-        else:
-            return None
-    return None

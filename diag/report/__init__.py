@@ -1,7 +1,28 @@
 """Reports: console text (rich), JSON, SARIF, JUnit. None of them imports textual or torch."""
 from __future__ import annotations
 
+from typing import Any
+
 FORMATS = ("text", "json", "sarif", "junit")
+
+
+def fmt_value(v: Any) -> str:
+    """A finding's evidence value, compactly (shared by the console report and the TUI)."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
+            return f"{v:.3g}"
+        return f"{v:.4g}"
+    if isinstance(v, int) and abs(v) >= 10000:
+        return f"{v:,}"
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(fmt_value(x) for x in v[:8])
+        return f"[{inner}{', …' if len(v) > 8 else ''}]"
+    if isinstance(v, dict):
+        inner = ", ".join(f"{k}={fmt_value(x)}" for k, x in list(v.items())[:6])
+        return "{" + inner + (", …" if len(v) > 6 else "") + "}"
+    return str(v)
 
 
 def render(fmt: str, evidence, findings, exit_code: int, **kw) -> str:

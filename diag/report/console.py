@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from diag.findings import Severity, sort_findings
+from diag.report import fmt_value
 
 STYLE = {
     Severity.CRASHED: ("bold magenta", "CRASHED"),
@@ -18,16 +19,6 @@ STYLE = {
     Severity.PASS: ("green", "PASS"),
     Severity.SKIPPED: ("dim", "SKIPPED"),
 }
-
-
-def _fmt_num(v) -> str:
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
-            return f"{v:.3g}"
-        return f"{v:.4g}"
-    if isinstance(v, int) and abs(v) >= 10000:
-        return f"{v:,}"
-    return str(v)
 
 
 def run_header(evidence) -> Text:
@@ -67,7 +58,7 @@ def render_finding(f) -> Panel:
     nums = {k: v for k, v in f.evidence.items() if k not in ("traceback", "message") and v is not None
             and not isinstance(v, (dict, list))}
     if nums:
-        parts.append(Text(" · ".join(f"{k}={_fmt_num(v)}" for k, v in list(nums.items())[:10]), style="dim"))
+        parts.append(Text(" · ".join(f"{k}={fmt_value(v)}" for k, v in list(nums.items())[:10]), style="dim"))
     if f.why:
         parts.append(Text.assemble(("why: ", "bold"), f.why))
     if f.fix:

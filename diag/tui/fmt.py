@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from diag.report import fmt_value  # noqa: F401  (re-exported for the panes)
+
 NA = "N/A"
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -130,20 +132,3 @@ def short_path(path: str | None, cwd: str | None = None) -> str:
     return path
 
 
-def fmt_value(v: Any) -> str:
-    """A finding's evidence value, compactly."""
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
-            return f"{v:.3g}"
-        return f"{v:.4g}"
-    if isinstance(v, int) and abs(v) >= 10000:
-        return f"{v:,}"
-    if isinstance(v, (list, tuple)):
-        inner = ", ".join(fmt_value(x) for x in v[:8])
-        return f"[{inner}{', …' if len(v) > 8 else ''}]"
-    if isinstance(v, dict):
-        inner = ", ".join(f"{k}={fmt_value(x)}" for k, x in list(v.items())[:6])
-        return "{" + inner + (", …" if len(v) > 6 else "") + "}"
-    return str(v)
