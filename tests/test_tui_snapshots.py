@@ -4,6 +4,8 @@ GPUs and a frozen clock. Update after an intended change with
 tests/__snapshots__/test_tui_snapshots/ (or the HTML report pytest writes on failure)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tui_support import freeze_catalogue, monitor_app, replay_app
@@ -15,6 +17,8 @@ TABS = ("checks", "steps", "gpus", "memory", "cost", "log")
 @pytest.fixture(autouse=True)
 def _frozen_catalogue(monkeypatch):
     freeze_catalogue(monkeypatch)
+    # paths on screen are shown relative to the working directory: the same in every checkout
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
 
 
 async def _judged(pilot) -> None:

@@ -676,6 +676,10 @@ class _Session:
             del loss
             self.prev_inputs = (args, kwargs)
             del args, kwargs
+        self._optimizer_step()
+
+    def _optimizer_step(self) -> None:
+        """Every optimizer steps; the state it creates is tagged as optimizer state."""
         self.tr.set_phase("optimizer")
         for o in self.opts:
             o.step()
@@ -694,15 +698,7 @@ class _Session:
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
                 self.tr.retag(p.grad, "grad")
-        self.tr.set_phase("optimizer")
-        for o in self.opts:
-            o.step()
-        for o in self.opts:
-            for st in o.state.values():
-                for v in st.values():
-                    if isinstance(v, torch.Tensor):
-                        self.tr.retag(v, "opt_state")
-        self.tr.set_phase("between")
+        self._optimizer_step()
 
     def previous_output(self, batch: int) -> None:
         """The output of the previous step, still referenced by the loop's variable (``out = model(x)``)

@@ -125,6 +125,8 @@ def shorten(text: str, width: int) -> str:
 
 
 def short_path(path: str | None, cwd: str | None = None) -> str:
+    """``path`` relative to ``cwd`` when it lies inside it (shorter, and the same wherever the
+    checkout is), else unchanged."""
     if not path:
         return ""
     if cwd and path.startswith(cwd.rstrip("/") + "/"):

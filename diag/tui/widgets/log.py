@@ -5,10 +5,13 @@ when it is shown. Every line is also in the run directory's log.txt (the note at
 where), so nothing is lost even beyond what the widget keeps."""
 from __future__ import annotations
 
+import os
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import RichLog, Static
 
+from diag.tui.fmt import short_path
 from diag.tui.live import LOG_LINES_KEPT
 from diag.tui.widgets import Pane, UIState
 
@@ -33,7 +36,7 @@ class LogPane(Pane):
         t.append(" (stderr in red)", style="red")
         if state.log_path:
             t.append(" · every line is also in ", style="dim")
-            t.append(state.log_path, style="dim underline")
+            t.append(short_path(state.log_path, os.getcwd()), style="dim underline")
         dropped = state.extra.get("log_dropped", 0)
         if dropped:
             t.append(f" · {dropped} early lines only in the log file", style="yellow")
