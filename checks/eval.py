@@ -34,7 +34,8 @@ def eval_no_grad(ev):
     if not r.forwards:
         yield skipped("eval.no-grad", "Evaluation without no_grad", "No model forward was observed.")
         return
-    bad = [s for s in evals if s.grad_enabled and not s.inference_mode and s.output_requires_grad]
+    bad = [s for s in evals if s.grad_enabled and not s.inference_mode and s.output_requires_grad
+           and not s.backpropagated]   # trained in eval mode (frozen BatchNorm): not an evaluation
     if not bad:
         if evals:
             n = sum(s.count for s in evals)

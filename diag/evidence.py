@@ -164,7 +164,8 @@ class ForwardSite:
     autocast: str | None = None         # dtype name when autocast was on, e.g. "bfloat16"
     autocast_device: str | None = None
     output_requires_grad: bool = False
-    in_step: bool = False               # seen inside a training step (before its backward)
+    in_step: bool = False               # a training forward (its output fed the step's backward)
+    backpropagated: bool = False        # made in eval mode, yet a backward went through its output
     first_step: int | None = None       # step index when first seen
     input_shapes: list[list[int]] = field(default_factory=list)  # first call's tensor inputs
     input_dtypes: list[str] = field(default_factory=list)

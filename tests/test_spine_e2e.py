@@ -188,3 +188,13 @@ def test_reused_run_dir_starts_fresh(diag_cli, tmp_path):
     assert first["summary"]["steps"] == second["summary"]["steps"] == 8
     assert "held an earlier run" in r.stderr
     assert (run_dir / "log.txt").read_text().count("trained") == 1
+
+
+def test_training_in_eval_mode_counts_steps_and_is_not_an_evaluation(diag_cli):
+    r, rep = check_json(diag_cli, "spine_train_in_eval_mode.py")
+    assert rep["summary"]["steps"] == 6
+    hits = [f for f in rep["findings"] if f["id"] == "eval.no-grad" and f["severity"] == "warning"]
+    assert len(hits) == 1, hits
+    src = (SCRIPTS / "spine_train_in_eval_mode.py").read_text().splitlines()
+    assert "BAD-EVAL" in src[hits[0]["location"]["line"] - 1]
+    assert hits[0]["evidence"]["forwards"] == 2

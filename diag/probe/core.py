@@ -19,6 +19,7 @@ event), never breaking the user's run.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -607,7 +608,6 @@ class Probe:
         inference = torch.is_inference_mode_enabled()
         out_t = grad_tensor(output) if grad else None
         out_rg = out_t is not None
-        train_fwd = grad and training and out_rg
         dev_type = self._model_device.get(mid)
         if dev_type is None:
             dev_type = self._model_device[mid] = _device_type(module)
@@ -616,9 +616,6 @@ class Probe:
             ac_dtype = str(torch.get_autocast_dtype(dev_type)).replace("torch.", "") if ac else None
         except Exception:
             ac, ac_dtype = False, None
-        if train_fwd:
-            # a new step begins with its first training forward (manual-update scripts)
-            self._before_activity(start)
         frame = user_frame(3)
         loc_key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
         key = (mid, loc_key, training, grad, inference, ac_dtype, out_rg)
@@ -631,12 +628,19 @@ class Probe:
                 "location": frame_location(frame), "training": training, "grad_enabled": grad,
                 "inference_mode": inference, "autocast": ac_dtype,
                 "autocast_device": dev_type if ac else None, "output_requires_grad": out_rg,
-                "in_step": train_fwd, "first_step": self.steps_done + 1,
-                "input_shapes": shapes, "input_dtypes": dtypes,
+                "in_step": grad and training and out_rg, "first_step": self.steps_done + 1,
+                "input_shapes": shapes, "input_dtypes": dtypes, "backpropagated": False,
             }
             self._sites[key] = site
             self._site_counts[skey] = 0
             self.emit("forward_site", **site)
+        # a training forward: grad mode, an output that needs grad, and the module in training mode
+        # or a call site whose output was seen to feed a backward (training in eval mode, e.g. to
+        # freeze BatchNorm statistics)
+        train_fwd = grad and out_rg and (training or site["backpropagated"])
+        if train_fwd:
+            # a new step begins with its first training forward (manual-update scripts)
+            self._before_activity(start)
         skey = site["key"]
         self._site_counts[skey] += 1
         self._site_dirty.add(skey)
@@ -658,8 +662,15 @@ class Probe:
                     pass
             if self.extensions:
                 self._ext("on_forward", module, args, kwargs, output, True)
-        elif step is not None:
-            step.eval_s += dt
+        else:
+            if step is not None:
+                step.eval_s += dt
+            if out_rg and not self._in_backward:
+                # a graph built outside training mode: find out whether a backward goes through it
+                try:
+                    out_t.register_hook(functools.partial(self._graph_bwd_hook, site))
+                except Exception:
+                    pass
         if not train_fwd and out_rg and self.extensions:
             # a forward that built an autograd graph outside training (eval mode, grad enabled)
             self._ext("on_graph_forward", module, args, kwargs, output, site)
@@ -678,6 +689,16 @@ class Probe:
             self._in_backward = False
             self._report_error("backward", e)
         return None
+
+    def _graph_bwd_hook(self, site, grad):
+        """A backward reached the output of a forward made in eval mode: that call site trains."""
+        if self._forked:
+            return None
+        if not site["backpropagated"]:
+            site["backpropagated"] = True
+            site["in_step"] = True
+            self.emit("forward_site", **site)
+        return self._bwd_hook(grad)
 
     def _bwd_end(self):
         end = time.perf_counter()
