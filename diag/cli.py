@@ -29,7 +29,12 @@ examples:
   diag check --script train.py -- --epochs 1         run train.py (with its own arguments) and report
   diag check --script train.py --steps 50 --format json > report.json
   diag check --from .diag/runs/<id>/evidence.json    re-judge a saved run; executes nothing
+  diag tui --script train.py                         the same, live, in a terminal app
+  diag memory --script train.py --gpu a100-80gb      what batch fits, without the GPU
+  diag cost --params 7B --tokens 140B --gpu h100 --count 8
+  diag gpus                                          the GPUs now (--simulate-gpus healthy-8 without one)
   diag checks                                        the catalogue of checks
+  diag COMMAND --help                                every option of a command, with examples
 
 exit codes: 0 nothing at or above --fail-on · 1 findings at or above it · 2 usage or bad input
             3 the script failed (its traceback is shown, findings still come out) · 130 interrupted
@@ -37,9 +42,9 @@ exit codes: 0 nothing at or above --fail-on · 1 findings at or above it · 2 us
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one sentence, exit 2
-        self.print_usage(sys.stderr)
+    def error(self, message: str) -> None:  # one sentence and where to look, exit 2
         sys.stderr.write(f"diag: error: {message}\n")
+        sys.stderr.write(f"hint: '{self.prog} --help' lists the options\n")
         sys.exit(ExitCode.USAGE)
 
 
