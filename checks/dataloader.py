@@ -151,7 +151,7 @@ def dataloader_workers(ev):
                + (f", so the step should drop from {ms(wait + compute)} to about {ms(predicted)}."
                   if predicted else "."))
         if capped:
-            fix += (f" Even {rec} workers cannot keep up ({ms(f / rec)} per batch): also make each batch "
+            fix += (f" Even {rec} worker{'s' if rec != 1 else ''} cannot keep up ({ms(f / rec)} per batch): also make each batch "
                     "cheaper (cache decoded data, augment on the GPU).")
         snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
                    f"                    pin_memory=True, persistent_workers=True)")
