@@ -172,9 +172,11 @@ class Run:
         if self.config.nproc_per_node:
             env["DIAG_LAUNCHER_LOG"] = str(self.run_dir / "launcher.log")
             env["DIAG_DEFER_TRACEBACK"] = "1"   # the first failing rank's traceback is shown once, at the end
-        # diag itself must be importable by the child even when run from a source tree
-        pkg_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # diag itself must be importable by the child even when run from a source tree (an installed
+        # diag is found anyway; putting site-packages on PYTHONPATH would put it before the stdlib)
+        pkg_root = Path(__file__).resolve().parent.parent
+        if pkg_root.name not in ("site-packages", "dist-packages"):
+            env["PYTHONPATH"] = str(pkg_root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self._log_file = open(self.log_path, "a", encoding="utf-8", errors="replace")
         self._t_start = time.monotonic()
         try:
@@ -213,7 +215,8 @@ class Run:
         return not self._done.is_set()
 
     def stop(self, reason: str = "stopped by the user", status: str = "stopped") -> None:
-        """Ask the script to stop (SIGTERM to its process group), then kill what remains."""
+        """Ask the script to stop (SIGTERM to its main process, which unwinds), then kill whatever it
+        started that is still alive after the grace period."""
         if self._stop_reason is None:
             self._stop_reason = (status, reason)
         self._terminate()
