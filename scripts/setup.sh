@@ -6,7 +6,8 @@
 #
 # torch: a torch that is already importable (for example a CUDA build in the Python you run this
 # with) is kept: the venv then sees it through --system-site-packages. Otherwise the CPU build
-# torch==2.13.0 is installed (override with DIAG_TORCH_SPEC, e.g. DIAG_TORCH_SPEC='torch==2.5.1').
+# torch==2.13.0 is installed (override with DIAG_TORCH_SPEC, e.g. DIAG_TORCH_SPEC='torch==2.5.1', and
+# pick the index with DIAG_TORCH_INDEX, e.g. https://download.pytorch.org/whl/cpu for a CPU-only build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -44,7 +45,11 @@ run_pip() {  # quiet on success; the whole log on failure
 }
 if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
   echo "setup: installing ${DIAG_TORCH_SPEC:-torch==2.13.0} (CPU build where no CUDA torch is present)" >&2
-  run_pip install "${DIAG_TORCH_SPEC:-torch==2.13.0}"
+  if [ -n "${DIAG_TORCH_INDEX:-}" ]; then
+    run_pip install --index-url "$DIAG_TORCH_INDEX" "${DIAG_TORCH_SPEC:-torch==2.13.0}"
+  else
+    run_pip install "${DIAG_TORCH_SPEC:-torch==2.13.0}"
+  fi
 fi
 target="."
 [ "$extras" = "test" ] && target=".[test]"
