@@ -132,6 +132,7 @@ class Run:
         self._threads: list[threading.Thread] = []
         self._done = threading.Event()
         self._stop_reason: tuple[str, str] | None = None   # (status, reason) when diag ended the run
+        self._signal: str | None = None   # the signal that interrupted wait(), other than SIGINT
         self._dirty = False
         self._last_save = 0.0
         self._event_offsets: dict[str, int] = {}
@@ -199,15 +200,23 @@ class Run:
         return self
 
     def wait(self) -> Evidence:
-        """Block until the script ends (or a limit ends it). Ctrl-C stops it and re-raises."""
+        """Block until the script ends (or a limit ends it). Ctrl-C stops it and re-raises
+        KeyboardInterrupt; so do SIGTERM and SIGHUP sent to diag (a CI job cancelled, a terminal
+        closed): the script runs in its own session, so without this it would outlive diag."""
         assert self.proc is not None
+        restore = _interrupt_on_termination()
         try:
             while not self._done.is_set():
                 self._done.wait(0.1)
-        except KeyboardInterrupt:
-            self.stop("interrupted by Ctrl-C", "interrupted")
+        except KeyboardInterrupt as e:
+            if isinstance(e, _Terminated):
+                self._signal = e.name
+            self.stop("interrupted by Ctrl-C" if self._signal is None else
+                      f"interrupted by {self._signal}", "interrupted")
             self._done.wait(GRACE_S + 5)
             raise
+        finally:
+            restore()
         return self.evidence
 
     @property
@@ -512,6 +521,38 @@ def _in_session(proc, sid: int) -> bool:
         return os.getsid(proc.pid) == sid
     except OSError:
         return False
+
+
+class _Terminated(KeyboardInterrupt):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def _interrupt_on_termination():
+    """While diag waits for a script: SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread
+    (the same clean stop as Ctrl-C). Returns a function that restores the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {}
+
+    def handler(signum, frame):
+        raise _Terminated(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass
+
+    def restore():
+        for sig, h in previous.items():
+            try:
+                signal.signal(sig, h)
+            except (ValueError, OSError):
+                pass
+
+    return restore
 
 
 RUN_FILES = ("events.rank*.jsonl", "evidence.json", "report.json", "log.txt", "launcher.log")

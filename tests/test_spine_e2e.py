@@ -198,3 +198,35 @@ def test_training_in_eval_mode_counts_steps_and_is_not_an_evaluation(diag_cli):
     src = (SCRIPTS / "spine_train_in_eval_mode.py").read_text().splitlines()
     assert "BAD-EVAL" in src[hits[0]["location"]["line"] - 1]
     assert hits[0]["evidence"]["forwards"] == 2
+
+
+def test_sigterm_to_diag_stops_the_script_and_leaves_nothing(tmp_path):
+    """A CI job cancelled (SIGTERM to diag) must not leave the script running in its own session."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "term"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-m", "diag", "check", "--script", str(SCRIPTS / "spine_forever.py"),
+                          "--run-dir", str(run_dir), "--format", "json"], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:      # wait until the script trains
+        ev = run_dir / "evidence.json"
+        try:
+            if json.loads(ev.read_text())["ranks"][0]["step_stats"]["count"] > 0:
+                break
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    rep = json.loads(out)
+    assert rep["run"]["status"] == "interrupted" and rep["run"]["stop_reason"] == "interrupted by SIGTERM"
+    assert "finally block ran" in err
+    time.sleep(0.5)
+    assert _descendants_of_run(str(run_dir)) == []

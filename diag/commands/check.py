@@ -110,7 +110,7 @@ def execute(args, echo_default: str = "stdout"):
         evidence = run.evidence
         if interrupted:
             evidence.run.status = "interrupted"
-            evidence.run.stop_reason = "interrupted by Ctrl-C"
+            evidence.run.stop_reason = f"interrupted by {run._signal}" if run._signal else "interrupted by Ctrl-C"
             run.save()
     findings = registry.run(evidence)
     return evidence, findings
