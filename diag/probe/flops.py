@@ -103,6 +103,19 @@ class FlopCounter:
             probe._step.instrumented = True
             self._instrumented.add(index)
 
+    def _count_inputs(self, module, args, kwargs) -> None:
+        """Samples and tokens of a counted forward, and the model it ran (described once)."""
+        from diag.probe.core import batch_size_of
+
+        samples, tokens, _, _ = batch_size_of(args, kwargs)
+        self._samples += samples or 0
+        if tokens:
+            self._tokens += tokens
+        else:
+            self._token_inputs = False
+        if id(module) not in self._models:
+            self._models[id(module)] = self._describe(module)
+
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
         if not ((self.active and self.counter is not None) or self.analytic):
             return
@@ -111,31 +124,14 @@ class FlopCounter:
             return
         try:
             self._n_forward += 1
+            self._count_inputs(module, args, kwargs)
             if self.analytic:
-                from diag.probe.core import batch_size_of
-
-                samples, tokens, _, _ = batch_size_of(args, kwargs)
-                self._samples += samples or 0
-                if tokens:
-                    self._tokens += tokens
-                else:
-                    self._token_inputs = False
-                if id(module) not in self._models:
-                    self._models[id(module)] = self._describe(module)
                 return
             total = self.counter.get_total_flops()
             self._fwd_flops += max(0, total - self._fwd_start)
             self._fwd_start = total
-            from diag.probe.core import batch_size_of, grad_tensor
+            from diag.probe.core import grad_tensor
 
-            samples, tokens, _, _ = batch_size_of(args, kwargs)
-            self._samples += samples or 0
-            if tokens:
-                self._tokens += tokens
-            else:
-                self._token_inputs = False
-            if id(module) not in self._models:
-                self._models[id(module)] = self._describe(module)
             out = grad_tensor(output)
             if out is not None:
                 out.register_hook(self._bwd_hook)

@@ -72,6 +72,18 @@ def _source(file: str, line: int | None) -> str | None:
     return text[:200] or None
 
 
+def _count_at_caller(sites: dict) -> None:
+    """Count one event at the user's line that caused it (sites: (file, line) -> site dict)."""
+    f = _caller_outside_library()
+    key = (f.f_code.co_filename, f.f_lineno) if f is not None else ("?", 0)
+    site = sites.get(key)
+    if site is None:
+        site = sites[key] = {"file": key[0], "line": key[1],
+                             "function": f.f_code.co_name if f is not None else None,
+                             "code": _source(key[0], key[1]), "count": 0}
+    site["count"] += 1
+
+
 def _caller_outside_library():
     """The innermost frame in the user's code, skipping the warnings module too."""
     f = sys._getframe(1)
@@ -609,14 +621,7 @@ class PerfProbe:
         if self._sync_located >= MAX_LOCATE:
             return
         self._sync_located += 1
-        f = _caller_outside_library()
-        key = (f.f_code.co_filename, f.f_lineno) if f is not None else ("?", 0)
-        site = self._sync_sites.get(key)
-        if site is None:
-            site = self._sync_sites[key] = {"file": key[0], "line": key[1],
-                                            "function": f.f_code.co_name if f is not None else None,
-                                            "code": _source(key[0], key[1]), "count": 0}
-        site["count"] += 1
+        _count_at_caller(self._sync_sites)
 
     def _close_sync(self, probe, emit: bool = True) -> None:
         self._stop_copy_watch()
@@ -706,14 +711,7 @@ class PerfProbe:
         c["non_blocking_pageable"] += 1
         if len(self._copy_sites) < 100 and self._sync_located < MAX_LOCATE:
             self._sync_located += 1
-            f = _caller_outside_library()
-            key = (f.f_code.co_filename, f.f_lineno) if f is not None else ("?", 0)
-            site = self._copy_sites.get(key)
-            if site is None:
-                site = self._copy_sites[key] = {"file": key[0], "line": key[1],
-                                                "function": f.f_code.co_name if f is not None else None,
-                                                "code": _source(key[0], key[1]), "count": 0}
-            site["count"] += 1
+            _count_at_caller(self._copy_sites)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
