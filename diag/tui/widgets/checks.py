@@ -116,6 +116,17 @@ def detail_renderable(f: Finding | None, cwd: str | None = None):
     return Group(*spaced)
 
 
+class FindingsTable(DataTable):
+    """The findings list. Its width settles a layout pass after the pane's (the narrow layout stacks
+    the detail under it), and the columns depend on it: re-render the pane as soon as it changes
+    rather than on the next tick."""
+
+    def on_resize(self) -> None:
+        pane = next((a for a in self.ancestors if isinstance(a, ChecksPane)), None)
+        if pane is not None:
+            pane.on_resize()
+
+
 class ChecksPane(Pane):
     BORDER_TITLE = "Checks"
 
@@ -130,7 +141,7 @@ class ChecksPane(Pane):
     def compose(self) -> ComposeResult:
         yield Static(id="checks-summary")
         with Horizontal(id="checks-body"):
-            yield DataTable(id="checks-table", cursor_type="row", zebra_stripes=False)
+            yield FindingsTable(id="checks-table", cursor_type="row", zebra_stripes=False)
             with VerticalScroll(id="checks-detail-scroll"):
                 yield Static(detail_renderable(None), id="checks-detail")
 
