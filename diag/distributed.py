@@ -166,6 +166,34 @@ def validate_torchrun(nproc, torchrun_args: list[str], python: str | None = None
     return n
 
 
+RENDEZVOUS_FLAGS = ("--standalone", "--master-addr", "--master-port", "--rdzv-endpoint", "--rdzv-backend",
+                    "--rdzv-id", "--node-rank")
+
+
+def with_local_rendezvous(torchrun_args: list[str], environ=None) -> list[str]:
+    """torchrun's arguments, plus ``--standalone`` for a one-node job that names no rendezvous (neither
+    as an option nor as torchrun's PET_* environment variables). Recent torch does this by itself; torch
+    before that listens on the fixed port 29500, and two jobs on one machine (two CI jobs, a job and
+    its ``diag check``) collide. ``--standalone`` rendezvouses on a free local port."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    args = [str(a) for a in (torchrun_args or [])]
+    if any(_has(args, f) for f in RENDEZVOUS_FLAGS):
+        return args
+    if any(k.startswith(("PET_MASTER_", "PET_RDZV_")) or k in ("PET_STANDALONE", "PET_NODE_RANK")
+           for k in environ):
+        return args
+    nnodes = _opt(args, "--nnodes")
+    if nnodes is not None:
+        try:
+            if parse_nnodes(nnodes) != (1, 1):
+                return args
+        except ValueError:
+            return args
+    return [*args, "--standalone"]
+
+
 def _check_accelerator(python: str, kind: str) -> None:
     import subprocess
 

@@ -94,9 +94,11 @@ class Run:
             raise DiagError(f"--steps must be a positive number of steps, not {config.steps}")
         if config.max_time is not None and not (config.max_time > 0):
             raise DiagError(f"--max-time must be a positive number of seconds, not {config.max_time}")
-        from diag.distributed import validate_torchrun
+        from diag.distributed import validate_torchrun, with_local_rendezvous
 
         config.nproc_per_node = validate_torchrun(config.nproc_per_node, config.torchrun_args, config.python)
+        if config.nproc_per_node:
+            config.torchrun_args = with_local_rendezvous(config.torchrun_args)
         if config.run_dir:
             self.run_dir = Path(config.run_dir)
             if self.run_dir.exists() and not self.run_dir.is_dir():

@@ -334,11 +334,32 @@ def test_runner_builds_the_torchrun_command(tmp_path):
     run = Run(RunConfig(script=str(script), args=["--lr", "1"], nproc_per_node="2",
                         torchrun_args=["--nnodes=1"], run_dir=str(tmp_path / "run"), gpu=False))
     cmd = run.command()
-    assert cmd[1:5] == ["-m", "diag.probe.launch", "--nproc-per-node=2", "--nnodes=1"]
+    assert cmd[1:6] == ["-m", "diag.probe.launch", "--nproc-per-node=2", "--nnodes=1", "--standalone"]
     assert cmd[-5:] == ["-m", "diag.probe", str(script.resolve()), "--lr", "1"]
     assert run.evidence.run.launcher == "torchrun"
     with pytest.raises(DiagError, match="need --nproc-per-node"):
         Run(RunConfig(script=str(script), torchrun_args=["--nnodes=2"], run_dir=str(tmp_path / "r2"), gpu=False))
+
+
+@pytest.mark.parametrize("given, added", [
+    ([], True),                                       # one node, nothing said: a free local port
+    (["--nnodes=1"], True),
+    (["--max-restarts=0", "--monitor-interval=1"], True),
+    (["--standalone"], False),                        # already there
+    (["--master-port=29501"], False),                 # the user chose the rendezvous
+    (["--master-addr", "10.0.0.1"], False),
+    (["--rdzv-endpoint=host:29400", "--rdzv-backend=c10d"], False),
+    (["--rdzv_backend=c10d"], False),                 # torchrun's underscore spelling
+    (["--nnodes=2", "--node-rank=0", "--master-addr=a"], False),
+    (["--nnodes=1:4"], False),                        # elastic
+])
+def test_one_node_jobs_rendezvous_on_a_free_port(given, added):
+    from diag.distributed import with_local_rendezvous
+
+    got = with_local_rendezvous(given, environ={})
+    assert got == ([*given, "--standalone"] if added else given)
+    # torchrun reads its options from PET_* variables too: a rendezvous given there is left alone
+    assert with_local_rendezvous(given, environ={"PET_MASTER_PORT": "29501"}) == given
 
 
 # ---- the first failure --------------------------------------------------------------------------
