@@ -230,3 +230,24 @@ def test_sigterm_to_diag_stops_the_script_and_leaves_nothing(tmp_path):
     assert "finally block ran" in err
     time.sleep(0.5)
     assert _descendants_of_run(str(run_dir)) == []
+
+
+def test_a_loss_module_is_not_a_model(diag_cli):
+    """`loss_fn(model(x), y)`: the loss module has no parameters, so it is neither a model nor a call
+    site nor a second batch of the step; a parameterless wrapper's inner model forward counts instead."""
+    r, rep = check_json(diag_cli, "spine_loss_modules.py")
+    assert r.code == 0, r.stderr[-2000:]
+    ev = json.loads(Path(rep["run"]["evidence"]).read_text())
+    rank = ev["ranks"][0]
+    assert [m["cls"] for m in rank["models"]] == ["Sequential"]
+    src = (SCRIPTS / "spine_loss_modules.py").read_text().splitlines()
+    sites = {src[f["location"]["line"] - 1].split("# ")[-1]: f for f in rank["forwards"]}
+    # the model's own call site: inside the wrapper's forward, where it is called
+    assert set(sites) == {"LOSS-LINE", "INNER-CALL"}, rank["forwards"]
+    assert sites["LOSS-LINE"]["count"] == 6 and sites["LOSS-LINE"]["in_step"]
+    assert sites["INNER-CALL"]["count"] == 3 and sites["INNER-CALL"]["input_shapes"] == [[5, 16]]
+    assert not sites["INNER-CALL"]["grad_enabled"]
+    assert rank["steps"][-1]["samples"] == 8
+    assert all(s["forward_s"] > 0 for s in rank["steps"])
+    measured = (rank.get("flops") or {}).get("measured") or {}
+    assert measured.get("samples") == 8 and measured.get("n_forward") == 1, measured

@@ -121,6 +121,13 @@ def frame_location(f) -> dict | None:
     return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name}
 
 
+def _has_parameters(module) -> bool:
+    try:
+        return next(module.parameters(), None) is not None
+    except Exception:
+        return True
+
+
 def first_tensor(obj, depth: int = 0):
     import torch
 
@@ -367,6 +374,10 @@ class Probe:
         self._depth = 0
         self._top_start = 0.0
         self._top_module = None
+        self._top_depth = 0          # the depth the model forward runs at (1, or deeper under a bare one)
+        self._bare_start = 0.0       # a parameterless outermost forward (a loss module): when it began
+        self._bare_had_model = False
+        self._seek_model = False     # inside a parameterless outermost forward, no model seen yet
         self._in_data = 0
         self._in_backward = False
         self._bwd_start = 0.0
@@ -554,12 +565,31 @@ class Probe:
 
     # ---- module hooks ------------------------------------------------------------------------------
     def _fwd_pre(self, module, args):
+        # Nested calls (every layer of the model) only touch two ints and a bool here: inside a
+        # compiled region dynamo traces these hooks, and reading the model object from it breaks tracing.
         if self._in_backward:   # recomputation (activation checkpointing): not a forward of the step,
             return None         # and it may end by an exception that skips the post hook
         self._depth += 1
         if self._depth == 1:
+            if _has_parameters(module):
+                self._top_start = time.perf_counter()
+                self._top_module = module
+                self._top_depth = 1
+                self._seek_model = False
+            else:
+                # a module without parameters (a loss, a bare activation) is not a model: its forward
+                # is timed, and a module with parameters it calls counts as the model forward
+                self._top_module = None
+                self._top_depth = 0
+                self._seek_model = True
+                self._bare_start = time.perf_counter()
+                self._bare_had_model = False
+        elif self._seek_model and _has_parameters(module):
             self._top_start = time.perf_counter()
             self._top_module = module
+            self._top_depth = self._depth
+            self._seek_model = False
+            self._bare_had_model = True
         return None
 
     def _fwd_post(self, module, args, kwargs, output=None):
@@ -570,15 +600,24 @@ class Probe:
         self._depth -= 1
         if output is None and not isinstance(kwargs, dict):
             self._depth = max(self._depth, 0)
-            return None
-        if self._depth > 0:
+            if self._depth == self._top_depth - 1 and self._top_module is module:
+                self._top_module, self._top_depth = None, 0
+                self._seek_model = self._depth > 0
             return None
         if self._depth < 0:   # a forward started before the probe was installed
             self._depth = 0
             return None
-        if self._forked or not self.active or self._in_backward or self._in_data:
+        if self._depth == self._top_depth - 1 and module is self._top_module:
+            if self._depth > 0:          # a model called by a parameterless module: look for another
+                self._top_module, self._top_depth, self._seek_model = None, 0, True
+        elif self._depth == 0 and self._top_depth == 0:
+            self._seek_model = False
+            if not self._bare_had_model:
+                self._on_bare_forward(output, self._bare_start, time.perf_counter())
             return None
-        if module is not self._top_module:
+        else:
+            return None
+        if self._forked or not self.active or self._in_backward or self._in_data:
             return None
         end = time.perf_counter()
         try:
@@ -588,6 +627,26 @@ class Probe:
         except Exception as e:
             self._report_error("forward", e)
         return None
+
+    def _on_bare_forward(self, output, start: float, end: float) -> None:
+        """An outermost forward of a module without parameters (``loss_fn(model(x), y)``): its time
+        belongs to the step's forward (or evaluation), and a backward may start at its output; it is
+        not a model, a call site or a batch of its own."""
+        if self._forked or not self.active or self._in_data:
+            return
+        step = self._step
+        try:
+            import torch
+
+            out_t = grad_tensor(output) if torch.is_grad_enabled() else None
+            if out_t is not None:
+                if step is not None:
+                    step.forward_s += end - start
+                out_t.register_hook(self._bwd_hook)
+            elif step is not None:
+                step.eval_s += end - start
+        except Exception as e:
+            self._report_error("forward", e)
 
     def _on_top_forward(self, module, args, kwargs, output, start: float, end: float) -> None:
         import torch
@@ -858,6 +917,7 @@ class Probe:
         self._step = None
         self._last_boundary = end
         self._depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
+        self._seek_model = False
         self.steps_done = step.index
         total = end - step.start
         other = total - step.data_s - step.forward_s - step.backward_s - step.optimizer_s - step.eval_s
