@@ -32,6 +32,16 @@ class Severity(str, Enum):
             raise ValueError(f"unknown severity {value!r} (one of: {names})") from None
 
 
+def count_phrase(severity: "Severity", n: int) -> str:
+    """How many findings of a severity, in words: "1 error", "4 warnings", "5 passed", "22 skipped",
+    "2 info", "1 crashed" (the one wording for every summary line)."""
+    word = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "info",
+            Severity.PASS: "passed", Severity.SKIPPED: "skipped", Severity.CRASHED: "crashed"}[severity]
+    if n != 1 and severity in (Severity.ERROR, Severity.WARNING):
+        word += "s"
+    return f"{n} {word}"
+
+
 _RANK = {
     Severity.CRASHED: 4,
     Severity.ERROR: 3,

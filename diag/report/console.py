@@ -8,7 +8,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from diag.findings import Severity, sort_findings
+from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
 
 STYLE = {
@@ -94,8 +94,8 @@ def render_console(evidence, findings, console: Console, verbose: bool = False) 
     summary = Text("\n")
     for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS, Severity.SKIPPED):
         if counts[s]:
-            style, label = STYLE[s]
-            summary.append(f"{counts[s]} {label.lower()}", style=style)
+            style, _ = STYLE[s]
+            summary.append(count_phrase(s, counts[s]), style=style)
             summary.append("  ")
     console.print(summary)
     run = evidence.run

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from diag.findings import Finding, Severity
+from diag.findings import Finding, Severity, count_phrase
 from diag.tui import fmt
 from diag.tui.widgets import Pane, UIState
 
@@ -48,8 +48,8 @@ def summary_text(state: UIState) -> Text:
     for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS,
               Severity.SKIPPED):
         if counts[s]:
-            label, style = SEVERITY[s]
-            parts.append((f"{counts[s]} {label.lower()}", style))
+            _, style = SEVERITY[s]
+            parts.append((count_phrase(s, counts[s]), style))
     for i, (text, style) in enumerate(parts):
         t.append(text, style=style)
         if i < len(parts) - 1:

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from diag.findings import Severity
+from diag.findings import Severity, count_phrase
 from diag.tui import fmt
 from diag.tui.widgets import UIState
 
@@ -94,8 +94,8 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     if shown:
         one.append(" ·  ")
         for i, (s, n) in enumerate(sorted(shown, key=lambda x: -x[0].rank)):
-            name, st = COUNT_STYLE[s]
-            one.append(f"{n} {name}{'s' if n > 1 and s is not Severity.CRASHED else ''}", style=st)
+            _, st = COUNT_STYLE[s]
+            one.append(count_phrase(s, n), style=st)
             if i < len(shown) - 1:
                 one.append(" ")
     elif state.snapshot is not None:
