@@ -25,7 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--run-dir", default=None, help="where to write the run's files")
     p.add_argument("--format", choices=("text", "json", "sarif", "junit"), default="text")
     p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="never")
-    p.add_argument("--verbose", "-v", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="show passed and skipped checks' messages in full")
 
 
 def run(args) -> int:

@@ -82,14 +82,20 @@ def render_console(evidence, findings, console: Console, verbose: bool = False) 
         console.print(render_finding(f))
     rest = [f for f in findings if f.severity in (Severity.PASS, Severity.SKIPPED)]
     if rest:
-        table = Table(show_header=False, box=None, pad_edge=False)
-        table.add_column(width=8)
-        table.add_column()
-        table.add_column(style="dim")
+        # passed and skipped checks: a line each (the message cut to the terminal), in full with -v
+        table = Table(show_header=False, box=None, pad_edge=False, expand=not verbose)
+        table.add_column(min_width=8, no_wrap=True)
+        table.add_column(min_width=max(len(f.id) for f in rest), no_wrap=True)
+        if verbose:
+            table.add_column(style="dim")
+        else:
+            table.add_column(style="dim", no_wrap=True, overflow="ellipsis", ratio=1)
         for f in rest:
             style, label = STYLE[f.severity]
-            table.add_row(Text(label, style=style), f.id, f.message if verbose or f.severity is Severity.SKIPPED else f.message)
+            table.add_row(Text(label, style=style), f.id, f.message)
         console.print(table)
+        if not verbose:
+            console.print(Text("(-v shows the passed and skipped checks' messages in full)", style="dim"))
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
     summary = Text("\n")
     for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS, Severity.SKIPPED):
