@@ -31,7 +31,7 @@ CATS = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_st
 def _batch_at(r, step: int | None = None) -> int | None:
     for s in reversed(r.steps):
         if s.samples:
-            return s.samples
+            return s.batch              # a micro-batch under gradient accumulation: what memory holds
     cap = _mem(r).get("capture") or {}
     if cap.get("batch"):
         return int(cap["batch"])

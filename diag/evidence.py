@@ -107,12 +107,22 @@ class StepRecord:
     other_s: float = 0.0        # the rest (loss, logging, hand-made batching, ...)
     n_forward: int = 0
     n_backward: int = 0
-    samples: int | None = None  # batch size seen by the first top-level forward
+    samples: int | None = None  # the step's batch: dim 0 of its first training forward's input, summed
+                                # over its micro-batches (every training forward at that call site)
     tokens: int | None = None   # samples x sequence length, for integer (token) inputs
+    micro_batches: int | None = None  # forwards summed into samples (gradient accumulation: > 1)
     epoch: int | None = None
     ended_by: str = "optimizer"  # optimizer: ended by optimizer.step(); manual: ended after backward()
     instrumented: bool = False  # a step diag slowed on purpose (FLOP counting): excluded from timing stats
     extra: dict[str, Any] = field(default_factory=dict)  # per-step values from probe extensions
+
+    @property
+    def batch(self) -> int | None:
+        """The batch of one forward (a micro-batch under gradient accumulation): what activation
+        memory scales with."""
+        if not self.samples:
+            return None
+        return max(1, self.samples // self.micro_batches) if self.micro_batches else self.samples
 
 
 @dataclass

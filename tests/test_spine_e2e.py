@@ -251,3 +251,25 @@ def test_a_loss_module_is_not_a_model(diag_cli):
     assert all(s["forward_s"] > 0 for s in rank["steps"])
     measured = (rank.get("flops") or {}).get("measured") or {}
     assert measured.get("samples") == 8 and measured.get("n_forward") == 1, measured
+
+
+@pytest.mark.parametrize("gan", [False, True])
+def test_a_step_counts_every_micro_batch_of_its_call_site(diag_cli, gan):
+    """4 micro-batches of 8 rows per optimizer step: 32 samples and 192 tokens a step, in the steps and
+    in the FLOP measurement; a second model's batch of 32 (--gan) adds FLOPs, not samples."""
+    r, rep = check_json(diag_cli, "spine_accumulate.py", script_args=["--gan"] if gan else [])
+    assert r.code == 0, r.stderr[-2000:]
+    rank = json.loads(Path(rep["run"]["evidence"]).read_text())["ranks"][0]
+    assert [(s["n_backward"], s["samples"], s["tokens"], s["micro_batches"]) for s in rank["steps"]] == \
+        [(4, 32, 192, 4)] * 6
+    measured = rank["flops"]["measured"]
+    assert (measured["samples"], measured["tokens"]) == (32, 192), measured
+    assert measured["n_forward"] == (8 if gan else 4)
+    # what memory scales with is one micro-batch; the Steps tab says both
+    from diag.evidence import load_evidence
+    from diag.tui.stats import summarize_steps
+    from diag.tui.widgets.steps import summary_text
+
+    ev = load_evidence(rep["run"]["evidence"])
+    assert ev.primary.steps[-1].batch == 8
+    assert "batch 8 × 4 accumulated" in summary_text(summarize_steps(ev), ev).plain

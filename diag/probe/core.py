@@ -340,7 +340,8 @@ def environment() -> dict:
 
 class _Step:
     __slots__ = ("index", "start", "data_s", "forward_s", "backward_s", "optimizer_s", "eval_s",
-                 "n_forward", "n_backward", "samples", "tokens", "instrumented", "extra")
+                 "n_forward", "n_backward", "samples", "tokens", "sample_site", "micro_batches", "instrumented",
+                 "extra")
 
     def __init__(self, index: int, start: float):
         self.index = index
@@ -348,6 +349,8 @@ class _Step:
         self.data_s = self.forward_s = self.backward_s = self.optimizer_s = self.eval_s = 0.0
         self.n_forward = self.n_backward = 0
         self.samples = self.tokens = None
+        self.sample_site = None      # the call site whose batches the step's samples count
+        self.micro_batches = 0
         self.instrumented = False
         self.extra: dict = {}
 
@@ -378,6 +381,7 @@ class Probe:
         self._bare_start = 0.0       # a parameterless outermost forward (a loss module): when it began
         self._bare_had_model = False
         self._seek_model = False     # inside a parameterless outermost forward, no model seen yet
+        self.forward_counts_samples = True   # the training forward being reported adds to the step's samples
         self._in_data = 0
         self._in_backward = False
         self._bwd_start = 0.0
@@ -710,9 +714,21 @@ class Probe:
                 step = self._open_step(start)
             step.forward_s += dt
             step.n_forward += 1
-            if step.samples is None:
+            # the step's samples: every batch through the call site of its first training forward
+            # (gradient accumulation: each micro-batch), not a second model or a second view
+            counted = step.sample_site is None or step.sample_site == skey
+            if counted:
+                step.micro_batches += 1
                 samples, tokens, _, _ = batch_size_of(args, kwargs)
-                step.samples, step.tokens = samples, tokens
+                if step.sample_site is None:
+                    step.sample_site = skey
+                    step.samples, step.tokens = samples, tokens
+                else:
+                    if samples is not None:
+                        step.samples = (step.samples or 0) + samples
+                    if tokens is not None:
+                        step.tokens = (step.tokens or 0) + tokens
+            self.forward_counts_samples = counted
             self.last_model = self._model_refs.get(mid)
             if not self._in_backward:
                 try:
@@ -926,6 +942,7 @@ class Probe:
             "backward_s": step.backward_s, "optimizer_s": step.optimizer_s,
             "other_s": max(other, 0.0) + step.eval_s, "n_forward": step.n_forward,
             "n_backward": step.n_backward, "samples": step.samples, "tokens": step.tokens,
+            "micro_batches": step.micro_batches or None,
             "epoch": self.epoch or None, "ended_by": kind, "instrumented": step.instrumented,
             "extra": step.extra,
         }

@@ -107,12 +107,15 @@ class FlopCounter:
         """Samples and tokens of a counted forward, and the model it ran (described once)."""
         from diag.probe.core import batch_size_of
 
-        samples, tokens, _, _ = batch_size_of(args, kwargs)
-        self._samples += samples or 0
-        if tokens:
-            self._tokens += tokens
-        else:
-            self._token_inputs = False
+        if getattr(self._probe_ref() if self._probe_ref else None, "forward_counts_samples", True):
+            # the same batches as the step's samples: another model's forward (a GAN's discriminator)
+            # adds FLOPs to the step, not samples
+            samples, tokens, _, _ = batch_size_of(args, kwargs)
+            self._samples += samples or 0
+            if tokens:
+                self._tokens += tokens
+            else:
+                self._token_inputs = False
         if id(module) not in self._models:
             self._models[id(module)] = self._describe(module)
 

@@ -32,7 +32,8 @@ class StepSummary:
     tokens_s: float | None = None
     samples_s_all: float | None = None  # over every timed step so far
     tokens_s_all: float | None = None
-    batch: int | None = None
+    batch: int | None = None          # one forward's batch (a micro-batch under gradient accumulation)
+    micro_batches: int | None = None  # forwards per step that make up its samples
     history_ms: list[float] = field(default_factory=list)     # total step time, newest last
     data_share_history: list[float] = field(default_factory=list)
     ranks: list[RankSteps] = field(default_factory=list)
@@ -76,7 +77,8 @@ def summarize_steps(evidence) -> StepSummary:
     if st.total_s > 0 and st.timed:
         out.samples_s_all = _rate(timed, "samples")
         out.tokens_s_all = _rate(timed, "tokens")
-    out.batch = last.samples if last else None
+    out.batch = last.batch if last else None
+    out.micro_batches = last.micro_batches if last else None
     hist = [s for s in r.steps if not s.instrumented][-HISTORY:]
     out.history_ms = [s.total_s * 1000 for s in hist]
     out.data_share_history = [(s.data_s / s.total_s) if s.total_s > 0 else 0.0 for s in hist]

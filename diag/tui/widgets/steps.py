@@ -48,7 +48,10 @@ def summary_text(s, ev) -> Text:
     else:
         t.append("tokens/s N/A (inputs are not token ids)", style="dim")
     if s.batch:
-        t.append(f" · batch {s.batch}", style="dim")
+        if s.micro_batches and s.micro_batches > 1:
+            t.append(f" · batch {s.batch} × {s.micro_batches} accumulated", style="dim")
+        else:
+            t.append(f" · batch {s.batch}", style="dim")
     return t
 
 
