@@ -273,3 +273,14 @@ def test_a_step_counts_every_micro_batch_of_its_call_site(diag_cli, gan):
     ev = load_evidence(rep["run"]["evidence"])
     assert ev.primary.steps[-1].batch == 8
     assert "batch 8 × 4 accumulated" in summary_text(summarize_steps(ev), ev).plain
+
+
+@pytest.mark.parametrize("mode, samples, tokens", [("--dataclass", 4, 96), ("--aux-first", 8, None)])
+def test_outputs_in_a_dataclass_or_an_unused_first_tensor_still_make_steps(diag_cli, mode, samples, tokens):
+    r, rep = check_json(diag_cli, "spine_outputs.py", script_args=[mode])
+    assert r.code == 0, r.stderr[-2000:]
+    assert rep["summary"]["steps"] == 5
+    rank = json.loads(Path(rep["run"]["evidence"]).read_text())["ranks"][0]
+    assert all(s["backward_s"] > 0 and s["n_backward"] == 1 for s in rank["steps"])
+    assert rank["steps"][-1]["samples"] == samples and rank["steps"][-1]["tokens"] == tokens
+    assert rank["forwards"][0]["output_requires_grad"] is True

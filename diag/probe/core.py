@@ -19,6 +19,7 @@ event), never breaking the user's run.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import json
@@ -128,45 +129,58 @@ def _has_parameters(module) -> bool:
         return True
 
 
-def first_tensor(obj, depth: int = 0):
+def _children(obj):
+    """The values a forward's input or output holds: a sequence's items, a dict's values, a
+    dataclass's fields (model outputs such as ``Output(loss=..., logits=...)``), at most 8."""
+    if isinstance(obj, (list, tuple)):
+        return obj[:8]
+    if isinstance(obj, dict):
+        return list(obj.values())[:8]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        try:
+            return [getattr(obj, f.name, None) for f in dataclasses.fields(obj)[:8]]
+        except Exception:
+            return ()
+    return ()
+
+
+def _find_tensors(obj, want, out: list, limit: int, depth: int = 0) -> None:
     import torch
 
+    if len(out) >= limit:
+        return
     if isinstance(obj, torch.Tensor):
-        return obj
+        if want(obj):
+            out.append(obj)
+        return
     if depth > 2:
-        return None
-    if isinstance(obj, (list, tuple)):
-        for o in obj[:8]:
-            t = first_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    elif isinstance(obj, dict):
-        for o in list(obj.values())[:8]:
-            t = first_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    return None
+        return
+    for o in _children(obj):
+        _find_tensors(o, want, out, limit, depth + 1)
+        if len(out) >= limit:
+            return
 
 
-def grad_tensor(obj, depth: int = 0):
+def first_tensor(obj):
+    """The first tensor in a forward's input or output (None when there is none)."""
+    out: list = []
+    _find_tensors(obj, lambda t: True, out, 1)
+    return out[0] if out else None
+
+
+def grad_tensor(obj):
     """The first tensor in a forward's output that requires grad (None when none does)."""
-    import torch
+    out: list = []
+    _find_tensors(obj, lambda t: t.requires_grad, out, 1)
+    return out[0] if out else None
 
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.requires_grad else None
-    if depth > 2:
-        return None
-    if isinstance(obj, (list, tuple)):
-        for o in obj[:8]:
-            t = grad_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    elif isinstance(obj, dict):
-        for o in list(obj.values())[:8]:
-            t = grad_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    return None
+
+def grad_tensors(obj, limit: int = 8) -> list:
+    """Every tensor (up to ``limit``) in a forward's output that requires grad: a backward may start
+    from any of them (a model returning (features, logits) whose loss uses only the logits)."""
+    out: list = []
+    _find_tensors(obj, lambda t: t.requires_grad, out, limit)
+    return out
 
 
 def batch_size_of(args, kwargs) -> tuple[int | None, int | None, list, list]:
@@ -642,11 +656,12 @@ class Probe:
         try:
             import torch
 
-            out_t = grad_tensor(output) if torch.is_grad_enabled() else None
-            if out_t is not None:
+            outs = grad_tensors(output) if torch.is_grad_enabled() else []
+            if outs:
                 if step is not None:
                     step.forward_s += end - start
-                out_t.register_hook(self._bwd_hook)
+                for t in outs:
+                    t.register_hook(self._bwd_hook)
             elif step is not None:
                 step.eval_s += end - start
         except Exception as e:
@@ -731,10 +746,12 @@ class Probe:
             self.forward_counts_samples = counted
             self.last_model = self._model_refs.get(mid)
             if not self._in_backward:
-                try:
-                    out_t.register_hook(self._bwd_hook)
-                except Exception:
-                    pass
+                # on every output that needs grad: the loss may use any of them
+                for t in grad_tensors(output):
+                    try:
+                        t.register_hook(self._bwd_hook)
+                    except Exception:
+                        pass
             if self.extensions:
                 self._ext("on_forward", module, args, kwargs, output, True)
         else:

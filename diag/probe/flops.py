@@ -133,10 +133,9 @@ class FlopCounter:
             total = self.counter.get_total_flops()
             self._fwd_flops += max(0, total - self._fwd_start)
             self._fwd_start = total
-            from diag.probe.core import grad_tensor
+            from diag.probe.core import grad_tensors
 
-            out = grad_tensor(output)
-            if out is not None:
+            for out in grad_tensors(output):
                 out.register_hook(self._bwd_hook)
         except Exception as e:
             self._fail(probe, "on_forward", e)
