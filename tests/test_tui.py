@@ -163,6 +163,14 @@ def test_cost_form_prefill_and_errors():
     assert "fraction" in compute(CostInputs(mfu="140%")).error
     assert "whole number" in compute(CostInputs(count="2.5")).error
     assert prefill(None).inputs.params == "7B"
+    assert not any("size is unknown" in n for n in pre.notes)
+    # an IterableDataset: no epochs to count, so an hour of the measured throughput, and the form says so
+    ev = demo_evidence()
+    for d in ev.primary.dataloaders:
+        d.dataset_len = None
+    unsized = prefill(ev)
+    assert unsized.inputs.work != "10 epochs" and compute(unsized.inputs, unsized.measured).error is None
+    assert any("size is unknown" in n and "one hour" in n for n in unsized.notes)
 
 
 def test_replay_reads_the_log_beside_the_evidence():

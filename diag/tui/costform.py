@@ -117,6 +117,9 @@ def prefill(evidence=None, device_names: list[str] | None = None) -> Prefill:
             inputs.work = _si_text(m.units_per_s * 3600)     # an hour of the measured throughput
         pre.notes.append(f"prefilled from the measured run ({m.steps_timed} timed steps, "
                          f"{m.units_per_s:,.1f} {m.unit}/s per device on {m.device_name or m.device})")
+        if not m.units_per_epoch and not (m.unit == "tokens" and params):
+            pre.notes.append(f"the dataset's size is unknown (no sized DataLoader): 'train on' starts at one "
+                             f"hour of that throughput; type the {m.unit} you will train on")
     else:
         if params:
             pre.notes.append(f"the model has {_si_text(params)} parameters; tokens: Chinchilla's 20 per parameter")
