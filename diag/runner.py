@@ -6,6 +6,7 @@ This module must not import torch or textual.
 """
 from __future__ import annotations
 
+import codecs
 import collections
 import os
 import secrets
@@ -26,6 +27,25 @@ from diag.fold import fold
 GRACE_S = 5.0          # between SIGTERM and SIGKILL
 SAVE_EVERY_S = 1.0     # evidence.json is rewritten at most this often while the run goes on
 POLL_S = 0.05
+
+
+CHUNK = 65536
+MAX_PARTIAL_LINE = 65536      # a longer unfinished line is handed to the listeners as it is
+
+
+def shown_line(line: str) -> str:
+    """What a terminal shows of a line redrawn with carriage returns (a progress bar): the text
+    after the last one (a trailing \\r, as in \\r\\n, ends the line and hides nothing)."""
+    body = line.rstrip("\r")
+    i = body.rfind("\r")
+    return body[i + 1:] if i >= 0 else body
+
+
+def _last_redraw(partial: str) -> str:
+    """An unfinished line keeps only its last redraw (a bar updated for an hour stays small); a
+    trailing \\r is kept, a \\n may follow it."""
+    i = partial.rfind("\r", 0, len(partial) - 1)
+    return partial[i + 1:] if i >= 0 else partial
 
 
 @dataclass
@@ -259,32 +279,55 @@ class Run:
 
     # ---- threads ------------------------------------------------------------------------------------
     def _pump(self, name: str, stream) -> None:
+        """Copy one of the script's streams as it arrives: to the terminal (echo) and log.txt as
+        written, carriage returns included, so a progress bar redrawn with \\r shows live; to the
+        listeners (the TUI's Log tab) a line at a time, as a terminal would show it."""
         target = None
         if self.config.echo == "stdout":
             target = sys.stdout if name == "stdout" else sys.stderr
         elif self.config.echo == "stderr":
             target = sys.stderr
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            with self.lock:
-                try:
-                    self._log_file.write(line)
-                    self._log_file.flush()
-                except Exception:
-                    pass
-                self.log_tail.append((name, line))
-            if target is not None:
-                try:
-                    target.write(line)
-                    target.flush()
-                except Exception:
-                    pass
-            for cb in list(self.log_listeners):
-                try:
-                    cb(name, line)
-                except Exception:
-                    pass
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        read = getattr(stream, "read1", stream.read)
+        pending = ""
+        while True:
+            raw = read(CHUNK)
+            text = decoder.decode(raw, final=not raw)
+            if text:
+                with self.lock:
+                    try:
+                        self._log_file.write(text)
+                        self._log_file.flush()
+                    except Exception:
+                        pass
+                if target is not None:
+                    try:
+                        target.write(text)
+                        target.flush()
+                    except Exception:
+                        pass
+                pending += text
+                *lines, pending = pending.split("\n")
+                pending = _last_redraw(pending)
+                if len(pending) > MAX_PARTIAL_LINE:        # a line that never ends: pass it on anyway
+                    lines.append(pending)
+                    pending = ""
+                for line in lines:
+                    self._line(name, shown_line(line) + "\n")
+            if not raw:
+                break
+        if pending:
+            self._line(name, shown_line(pending))
         stream.close()
+
+    def _line(self, name: str, line: str) -> None:
+        with self.lock:
+            self.log_tail.append((name, line))
+        for cb in list(self.log_listeners):
+            try:
+                cb(name, line)
+            except Exception:
+                pass
 
     def _follow(self) -> None:
         p = self.proc

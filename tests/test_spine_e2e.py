@@ -284,3 +284,52 @@ def test_outputs_in_a_dataclass_or_an_unused_first_tensor_still_make_steps(diag_
     assert all(s["backward_s"] > 0 and s["n_backward"] == 1 for s in rank["steps"])
     assert rank["steps"][-1]["samples"] == samples and rank["steps"][-1]["tokens"] == tokens
     assert rank["forwards"][0]["output_requires_grad"] is True
+
+
+def test_progress_bars_show_live_and_the_log_tab_gets_what_a_terminal_shows(tmp_path):
+    """The script's output is passed on as it arrives, carriage returns included (a tqdm bar redraws
+    live in the terminal, before any newline); listeners get lines as a terminal would show them."""
+    import subprocess
+    import sys as _sys
+    import threading
+
+    from diag.runner import Run, RunConfig
+
+    run = Run(RunConfig(script=str(SCRIPTS / "spine_progress.py"), run_dir=str(tmp_path / "run"), gpu=False))
+    lines: list[tuple[str, str]] = []
+    run.log_listeners.append(lambda name, line: lines.append((name, line)))
+    run.start()
+    run.wait()
+    assert ("stderr", "batch 50/50\n") in lines and ("stdout", "epoch done\n") in lines
+    assert not any("batch 49" in ln for _, ln in lines)
+    assert b"\rbatch 1/50\rbatch 2/50" in (tmp_path / "run" / "log.txt").read_bytes()   # the file: as written
+    # a replay of the saved run shows the log as the Log tab did
+    from diag.evidence import load_evidence
+    from diag.tui.live import ReplaySource
+
+    replayed = ReplaySource(load_evidence(tmp_path / "run" / "evidence.json"), path=str(tmp_path / "run")).take_logs()
+    assert ("stdout", "batch 50/50\n") in replayed and not any("batch 49" in ln for _, ln in replayed)
+
+    # live: the unfinished bar reaches diag's terminal while the script still waits
+    p = subprocess.Popen([_sys.executable, "-m", "diag", "check", "--script", str(SCRIPTS / "spine_progress.py"),
+                          "--run-dir", str(tmp_path / "live"), "--", "--hang"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         cwd=tmp_path)
+    seen = bytearray()
+    got = threading.Event()
+
+    def read():
+        while True:
+            b = p.stderr.read1(4096)
+            if not b:
+                return
+            seen.extend(b)
+            if b"waiting for the next epoch 0%" in seen:
+                got.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert got.wait(60), seen.decode(errors="replace")[-2000:]
+    finally:
+        p.terminate()
+        p.communicate(timeout=30)

@@ -177,12 +177,17 @@ class ReplaySource(Source):
         path = self.log_path
         if not path:
             return []
+        from diag.runner import shown_line
+
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                lines = f.readlines()
+            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                lines = f.read().split("\n")
         except OSError:
             return []
-        return [("stdout", line) for line in lines[-LOG_LINES_KEPT:]]
+        if lines and lines[-1] == "":
+            lines.pop()
+        # as the Log tab showed it live: a line redrawn with carriage returns is its last redraw
+        return [("stdout", shown_line(line) + "\n") for line in lines[-LOG_LINES_KEPT:]]
 
 
 class RunFeed(Source):
