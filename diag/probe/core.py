@@ -684,7 +684,8 @@ class Probe:
         grad = torch.is_grad_enabled()
         training = bool(module.training)
         inference = torch.is_inference_mode_enabled()
-        out_t = grad_tensor(output) if grad else None
+        outs = grad_tensors(output) if grad else []     # the backward may start from any of them
+        out_t = outs[0] if outs else None
         out_rg = out_t is not None
         dev_type = self._model_device.get(mid)
         if dev_type is None:
@@ -747,7 +748,7 @@ class Probe:
             self.last_model = self._model_refs.get(mid)
             if not self._in_backward:
                 # on every output that needs grad: the loss may use any of them
-                for t in grad_tensors(output):
+                for t in outs:
                     try:
                         t.register_hook(self._bwd_hook)
                     except Exception:
