@@ -101,3 +101,13 @@ def findings_by_id(report: dict) -> dict[str, list[dict]]:
 
 def severities(report: dict, check_id: str) -> list[str]:
     return [f["severity"] for f in report["findings"] if f["id"] == check_id]
+
+
+def check_json(diag_cli, script, *extra, script_args=(), timeout=120):
+    """`diag check --format json` on a script from tests/scripts: the result and its parsed report."""
+    args = ["check", "--script", str(SCRIPTS / script), "--format", "json", *extra]
+    if script_args:
+        args += ["--", *script_args]
+    r = diag_cli(*args, timeout=timeout)
+    assert r.stdout.strip(), f"no JSON on stdout; stderr:\n{r.stderr}"
+    return r, r.json()
