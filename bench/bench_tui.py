@@ -97,7 +97,7 @@ def first_frame_inproc() -> float:
     sys.path.insert(0, str(REPO))
     from diag.gpu import Sampler, SimulatedProvider
     from diag.tui.app import DiagApp
-    from diag.tui.gpuview import GpuFeed
+    from diag.tui.models.gpus import GpuFeed
     from diag.tui.live import Source
 
     async def go() -> float:

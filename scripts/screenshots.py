@@ -90,7 +90,7 @@ def main() -> int:
 
     from diag.gpu import Sampler, SimulatedProvider
     from diag.tui.app import DiagApp
-    from diag.tui.gpuview import GpuFeed
+    from diag.tui.models.gpus import GpuFeed
     from diag.tui.live import ReplaySource, RunFeed, Source
 
     workdir = Path(tempfile.mkdtemp(prefix="diag-screenshots-"))

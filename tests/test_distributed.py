@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from diag.distributed import format_root_cause, parse_nproc, root_cause, validate_torchrun
+from diag.torchrun import format_root_cause, parse_nproc, root_cause, validate_torchrun
 from diag.errors import DiagError
 from diag.evidence import DataLoaderInfo, Evidence, ExceptionInfo, ModelInfo, RankEvidence, StepRecord
 from diag.findings import Severity
@@ -354,7 +354,7 @@ def test_runner_builds_the_torchrun_command(tmp_path):
     (["--nnodes=1:4"], False),                        # elastic
 ])
 def test_one_node_jobs_rendezvous_on_a_free_port(given, added):
-    from diag.distributed import with_local_rendezvous
+    from diag.torchrun import with_local_rendezvous
 
     got = with_local_rendezvous(given, environ={})
     assert got == ([*given, "--standalone"] if added else given)

@@ -109,7 +109,7 @@ def test_a_step_counts_every_micro_batch_of_its_call_site(diag_cli, gan):
     assert measured["n_forward"] == (8 if gan else 4)
     # what memory scales with is one micro-batch; the Steps tab says both
     from diag.evidence import load_evidence
-    from diag.tui.stats import summarize_steps
+    from diag.tui.models.steps import summarize_steps
     from diag.tui.widgets.steps import summary_text
 
     ev = load_evidence(rep["run"]["evidence"])

@@ -42,7 +42,7 @@ def test_fmt_helpers():
 
 
 def test_step_summary_of_the_recorded_run():
-    from diag.tui.stats import phase_shares, summarize_steps
+    from diag.tui.models.steps import phase_shares, summarize_steps
 
     s = summarize_steps(demo_evidence())
     assert s.step == 40 and s.epoch is not None
@@ -56,7 +56,7 @@ def test_step_summary_of_the_recorded_run():
 
 
 def test_step_summary_one_row_per_rank():
-    from diag.tui.stats import summarize_steps
+    from diag.tui.models.steps import summarize_steps
 
     ev = demo_evidence()
     r1 = copy.deepcopy(ev.primary)
@@ -115,7 +115,7 @@ def _oom_evidence():
 
 
 def test_gpu_view_from_sampler_and_from_recorded_evidence():
-    from diag.tui.gpuview import view_from_evidence, view_from_sampler
+    from diag.tui.models.gpus import view_from_evidence, view_from_sampler
     from diag.tui.widgets.gpus import device_text
 
     sampler = sim_sampler("mig", samples=20)
@@ -135,7 +135,7 @@ def test_gpu_view_from_sampler_and_from_recorded_evidence():
 
 
 def test_gpu_cards_show_lost_and_throttled_devices():
-    from diag.tui.gpuview import view_from_sampler
+    from diag.tui.models.gpus import view_from_sampler
     from diag.tui.widgets.gpus import device_text, empty_text
 
     lost = view_from_sampler(sim_sampler("lost", samples=10))
@@ -149,7 +149,7 @@ def test_gpu_cards_show_lost_and_throttled_devices():
 
 
 def test_cost_form_prefill_and_errors():
-    from diag.tui.costform import MEASURED, CostInputs, compute, prefill
+    from diag.tui.models.cost import MEASURED, CostInputs, compute, prefill
 
     pre = prefill(demo_evidence(), ["NVIDIA H100 80GB HBM3"])
     assert pre.measured is not None and pre.inputs.basis == MEASURED
@@ -327,7 +327,7 @@ async def test_monitor_mode_has_gpus_and_cost_only_and_no_gpu_is_clear():
 def _live_app(tmp_path, workers: int):
     from diag.runner import Run, RunConfig
     from diag.tui.app import DiagApp
-    from diag.tui.gpuview import GpuFeed
+    from diag.tui.models.gpus import GpuFeed
     from diag.tui.live import RunFeed
 
     cfg = RunConfig(script=str(SCRIPTS / "spine_forever.py"), args=[str(workers)], run_dir=str(tmp_path / "run"),

@@ -48,7 +48,7 @@ def sim_sampler(scenario: str = "healthy-8", samples: int = 60, interval: float 
 
 
 def sim_gpu(scenario: str = "healthy-8", samples: int = 60):
-    from diag.tui.gpuview import GpuFeed
+    from diag.tui.models.gpus import GpuFeed
 
     return GpuFeed(sim_sampler(scenario, samples), own=False)
 
@@ -98,7 +98,7 @@ def freeze_catalogue(monkeypatch) -> None:
     """The Cost tab prices with a copy of the GPU catalogue taken when the snapshots were made
     (tests/fixtures/tui/gpus.toml), so that a price update in diag/cost/gpus.toml does not change them."""
     import diag.cost.catalog as cat
-    import diag.tui.costform as cf
+    import diag.tui.models.cost as cf
 
     monkeypatch.setattr(cat, "BUILTIN_PATH", FIXTURES / "gpus.toml")
     monkeypatch.setattr(cat, "_BUILTIN_CACHE", None)

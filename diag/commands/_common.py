@@ -90,7 +90,7 @@ def _non_negative_int(text: str) -> int:
 def add_torchrun_arguments(p: argparse.ArgumentParser) -> None:
     """Multi-process runs: the script is launched through torch.distributed.run (torchrun) with
     the probe in every rank; these options are torchrun's own, passed through (docs/distributed.md)."""
-    from diag.distributed import parse_endpoint, parse_nnodes, parse_nproc, parse_port
+    from diag.torchrun import parse_endpoint, parse_nnodes, parse_nproc, parse_port
 
     g = p.add_argument_group("multi-process runs (launched through torchrun, the probe in every rank)")
     g.add_argument("--nproc-per-node", type=_argtype(parse_nproc), metavar="N",
@@ -120,7 +120,7 @@ def add_torchrun_arguments(p: argparse.ArgumentParser) -> None:
 
 def torchrun_config(args) -> tuple:
     """(nproc_per_node, torchrun_args) from the parsed options."""
-    from diag.distributed import TORCHRUN_OPTIONS
+    from diag.torchrun import TORCHRUN_OPTIONS
 
     out = []
     for dest, flag in TORCHRUN_OPTIONS.items():

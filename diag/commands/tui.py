@@ -52,7 +52,7 @@ def _interactive() -> bool:
 def build_gpu(args, *, run=None, replay_evidence=None):
     """The GPU feed the app shows: the run's own sampler (started with the script, recorded into its
     evidence), the telemetry recorded in a replayed evidence file, or a sampler of this machine."""
-    from diag.tui.gpuview import GpuFeed, RecordedGpu
+    from diag.tui.models.gpus import GpuFeed, RecordedGpu
 
     if run is not None:
         return GpuFeed(run.sampler, own=False) if run.sampler is not None else None

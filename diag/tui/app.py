@@ -3,7 +3,7 @@
 Threads and the UI
 ------------------
 The runner calls back from its own threads (probe events, output lines); the GPU sampler samples in
-its own thread. Those callbacks only fill buffers (:mod:`diag.tui.live`, :mod:`diag.tui.gpuview`).
+its own thread. Those callbacks only fill buffers (:mod:`diag.tui.live`, :mod:`diag.tui.models.gpus`).
 A timer on the UI thread (every ``tick_s``) looks at the buffers; when there is new evidence it
 starts a *thread worker* (at most one at a time, at most every ``refresh_s``) that copies the
 evidence and runs every check, and posts the result back as an :class:`Evaluated` message. Renders

@@ -13,7 +13,7 @@ class UIState:
     mode: str = "run"                 # run | replay | monitor
     snapshot: Any = None              # diag.tui.live.Snapshot (evidence + findings), None until judged
     version: int = 0                  # bumped when a new snapshot arrives
-    gpu: Any = None                   # diag.tui.gpuview.GpuFeed, or None without a GPU sampler
+    gpu: Any = None                   # diag.tui.models.gpus.GpuFeed, or None without a GPU sampler
     gpu_version: int = 0              # bumped when new GPU samples arrived
     paused: bool = False
     stopping: bool = False

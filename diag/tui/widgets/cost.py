@@ -10,7 +10,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Label, Select, Static
 
 from diag.tui import fmt
-from diag.tui.costform import (FIELDS, FORMULA, MEASURED, SAME_DEVICE, CostInputs, CostResult, Prefill,
+from diag.tui.models.cost import (FIELDS, FORMULA, MEASURED, SAME_DEVICE, CostInputs, CostResult, Prefill,
                                catalog, compute, prefill)
 from diag.tui.widgets import Pane, UIState
 

@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from diag.gpu.provider import SLOWDOWN_REASONS, THERMAL_REASONS, THROTTLE_DESCRIPTIONS, fmt as gfmt, is_na
 from diag.tui import fmt
-from diag.tui.gpuview import DeviceView, GpuView
+from diag.tui.models.gpus import DeviceView, GpuView
 from diag.tui.widgets import Pane, UIState
 
 SPARK = " ▁▂▃▄▅▆▇█"

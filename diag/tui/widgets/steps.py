@@ -12,7 +12,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 
 from diag.tui import fmt
-from diag.tui.stats import phase_shares, summarize_steps
+from diag.tui.models.steps import phase_shares, summarize_steps
 from diag.tui.widgets import Pane, UIState
 
 PHASE_STYLE = {"data_s": "red", "forward_s": "cyan", "backward_s": "blue", "optimizer_s": "green",
