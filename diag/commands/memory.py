@@ -108,7 +108,7 @@ def run(args) -> int:
                         "diag memory --script again with --gpu or --memory")
     if args.from_:
         from diag.evidence import load_evidence
-        from diag.memory.report import build_memory_plan
+        from diag.memory.verdict import build_memory_plan
 
         ev = load_evidence(args.from_)
         plan = ev.memory_plan or build_memory_plan(ev, target)
@@ -119,7 +119,7 @@ def run(args) -> int:
 def _run_script(args, target: dict | None) -> int:
     import os
 
-    from diag.memory.report import build_memory_plan
+    from diag.memory.verdict import build_memory_plan
     from diag.runner import Run
 
     cfg = run_config(args, echo="stderr")
@@ -183,7 +183,7 @@ def _emit(args, ev, plan: dict, from_saved: bool = False) -> int:
     else:
         from rich.console import Console
 
-        from diag.memory.report import render_plan
+        from diag.report.memory import render_plan
 
         render_plan(plan, Console(soft_wrap=False), script=ev.run.script)
         if ev.run.status in ("failed", "oom") and plan["status"] != "ok":

@@ -148,7 +148,7 @@ def plan_renderable(ev) -> Group | None:
         est = (ev.primary.memory or {}).get("estimate") if ev.ranks else None
         if not est:
             return None
-        from diag.memory.report import build_memory_plan
+        from diag.memory.verdict import build_memory_plan
 
         plan = build_memory_plan(ev)
     parts: list = []
