@@ -1,4 +1,5 @@
-"""Exit codes and the one error type diag turns into a one-sentence message."""
+"""Exit codes, the rule that picks one for a judged run, and the one error type diag turns into a
+one-sentence message."""
 from __future__ import annotations
 
 from enum import IntEnum
@@ -10,6 +11,22 @@ class ExitCode(IntEnum):
     USAGE = 2           # usage error or bad input
     SCRIPT_FAILED = 3   # the user's script failed (its traceback is shown, findings still come out)
     INTERRUPTED = 130   # Ctrl-C
+
+
+
+def exit_code_for(evidence, findings, fail_on: str) -> ExitCode:
+    """The exit code of a judged run: the script's fate first (interrupted, failed), then the findings at or
+    above ``fail_on`` (``error``, ``warning``, ``info`` or ``never``; a crashed check counts as an error)."""
+    from diag.findings import FAIL_ON_LEVELS
+
+    if evidence.run.status == "interrupted":
+        return ExitCode.INTERRUPTED
+    if evidence.run.status in ("failed", "oom", "killed"):
+        return ExitCode.SCRIPT_FAILED
+    level = FAIL_ON_LEVELS[fail_on]
+    if any(f.severity.rank >= level for f in findings):
+        return ExitCode.FINDINGS
+    return ExitCode.OK
 
 
 class DiagError(Exception):

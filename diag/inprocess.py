@@ -124,7 +124,7 @@ class WatchedRun:
             buf = io.StringIO()
             render_console(self.evidence, findings, Console(file=buf, width=width, force_terminal=False))
             return buf.getvalue()
-        from diag.commands.check import exit_code_for
+        from diag.errors import exit_code_for
         from diag.report import render
 
         return render(format, self.evidence, findings, exit_code_for(self.evidence, findings, "error"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from diag.commands._common import add_run_arguments, run_config
-from diag.errors import DiagError, ExitCode
+from diag.errors import DiagError, exit_code_for
 
 DESCRIPTION = """\
 Run a training script, unchanged, under diag's probe; gather evidence (step timing, data loading,
@@ -49,19 +49,6 @@ def _split(values: list[str]) -> list[str]:
     for v in values:
         out.extend(x.strip() for x in v.split(",") if x.strip())
     return out
-
-
-def exit_code_for(evidence, findings, fail_on: str) -> int:
-    from diag.findings import FAIL_ON_LEVELS
-
-    if evidence.run.status == "interrupted":
-        return ExitCode.INTERRUPTED
-    if evidence.run.status in ("failed", "oom", "killed"):
-        return ExitCode.SCRIPT_FAILED
-    level = FAIL_ON_LEVELS[fail_on]
-    if any(f.severity.rank >= level for f in findings):
-        return ExitCode.FINDINGS
-    return ExitCode.OK
 
 
 def load_from(paths: list[str]):

@@ -142,7 +142,7 @@ def _finish(run, app) -> None:
         from diag.tui.live import default_checker
 
         findings = default_checker()(run.evidence)
-        from diag.commands.check import exit_code_for
+        from diag.errors import exit_code_for
 
         code = exit_code_for(run.evidence, findings, "error")
         (run.run_dir / "report.json").write_text(render_json(run.evidence, findings, code) + "\n")

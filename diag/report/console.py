@@ -10,15 +10,7 @@ from rich.text import Text
 
 from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
-
-STYLE = {
-    Severity.CRASHED: ("bold magenta", "CRASHED"),
-    Severity.ERROR: ("bold red", "ERROR"),
-    Severity.WARNING: ("bold yellow", "WARNING"),
-    Severity.INFO: ("bold cyan", "INFO"),
-    Severity.PASS: ("green", "PASS"),
-    Severity.SKIPPED: ("dim", "SKIPPED"),
-}
+from diag.report.style import SEVERITY_STYLES as STYLE
 
 
 def run_header(evidence) -> Text:

@@ -177,7 +177,7 @@ class ReplaySource(Source):
         path = self.log_path
         if not path:
             return []
-        from diag.runner import shown_line
+        from diag.logtext import shown_line
 
         try:
             with open(path, encoding="utf-8", errors="replace", newline="") as f:

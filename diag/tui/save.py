@@ -14,7 +14,7 @@ def save_report(evidence, findings, run=None, save_dir: str | None = None, repla
     """
     from rich.console import Console
 
-    from diag.commands.check import exit_code_for
+    from diag.errors import exit_code_for
     from diag.report.console import render_console
     from diag.report.json import render_json
 

@@ -11,18 +11,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from diag.findings import Finding, Severity, count_phrase
+from diag.report.style import SEVERITY_STYLES, list_label
 from diag.tui import fmt
 from diag.tui.widgets import Pane, UIState
-
-SEVERITY = {
-    Severity.CRASHED: ("CRASHED", "bold magenta"),
-    Severity.ERROR: ("ERROR", "bold red"),
-    Severity.WARNING: ("WARNING", "bold yellow"),
-    Severity.INFO: ("INFO", "bold cyan"),
-    Severity.PASS: ("pass", "green"),
-    Severity.SKIPPED: ("skipped", "dim"),
-}
-
 
 def finding_keys(findings: list[Finding]) -> list[str]:
     """Stable row keys: the id, plus a counter when one check yields several findings."""
@@ -48,7 +39,7 @@ def summary_text(state: UIState) -> Text:
     for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS,
               Severity.SKIPPED):
         if counts[s]:
-            _, style = SEVERITY[s]
+            style = SEVERITY_STYLES[s].style
             parts.append((count_phrase(s, counts[s]), style))
     for i, (text, style) in enumerate(parts):
         t.append(text, style=style)
@@ -67,7 +58,7 @@ def detail_renderable(f: Finding | None, cwd: str | None = None):
     if f is None:
         return Text("Select a finding to see its numbers, why it matters and how to fix it.",
                     style="dim")
-    label, style = SEVERITY[f.severity]
+    label, style = list_label(f.severity), SEVERITY_STYLES[f.severity].style
     parts: list = []
     head = Text()
     head.append(f" {label} ", style=style + " reverse")
@@ -185,7 +176,7 @@ class ChecksPane(Pane):
                 table.clear()
             self._layout = (wide, title_w)
             for key, f in zip(keys, findings):
-                label, style = SEVERITY[f.severity]
+                label, style = list_label(f.severity), SEVERITY_STYLES[f.severity].style
                 title = Text(fmt.shorten(f.title, title_w), style="dim" if f.severity.rank <= 0 else "")
                 cells = [Text(label, style=style)]
                 if wide:

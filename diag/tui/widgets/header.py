@@ -10,6 +10,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from diag.findings import Severity, count_phrase
+from diag.report.style import SEVERITY_STYLES
 from diag.tui import fmt
 from diag.tui.widgets import UIState
 
@@ -25,12 +26,7 @@ STATUS = {
     "killed": ("✘", "KILLED", "bold red", "-failed"),
 }
 
-COUNT_STYLE = {
-    Severity.CRASHED: ("crashed", "bold magenta"),
-    Severity.ERROR: ("error", "bold red"),
-    Severity.WARNING: ("warning", "bold yellow"),
-    Severity.INFO: ("info", "cyan"),
-}
+COUNTED = (Severity.CRASHED, Severity.ERROR, Severity.WARNING)    # the problems the header counts
 
 
 def status_class(state: UIState) -> str:
@@ -90,11 +86,11 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     counts = {s: 0 for s in Severity}
     for f in state.findings:
         counts[f.severity] += 1
-    shown = [(s, n) for s, n in counts.items() if n and s in COUNT_STYLE and s is not Severity.INFO]
+    shown = [(s, n) for s, n in counts.items() if n and s in COUNTED]
     if shown:
         one.append(" ·  ")
         for i, (s, n) in enumerate(sorted(shown, key=lambda x: -x[0].rank)):
-            _, st = COUNT_STYLE[s]
+            st = SEVERITY_STYLES[s].style
             one.append(count_phrase(s, n), style=st)
             if i < len(shown) - 1:
                 one.append(" ")
