@@ -112,7 +112,7 @@ def run(args) -> int:
 
         ev = load_evidence(args.from_)
         plan = ev.memory_plan or build_memory_plan(ev, target)
-        return _emit(args, ev, plan, from_saved=True)
+        return _emit(args, ev, plan)
     return _run_script(args, target)
 
 
@@ -172,7 +172,7 @@ def exit_code(ev, plan: dict) -> int:
     return ExitCode.FINDINGS
 
 
-def _emit(args, ev, plan: dict, from_saved: bool = False) -> int:
+def _emit(args, ev, plan: dict) -> int:
     code = exit_code(ev, plan)
     if args.format == "json":
         out = {"schema_version": 1, "tool": "diag memory",

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import os
 
-from diag.errors import DiagError
 from diag.gpu.provider import (
     NA, POWER_REASONS, SLOWDOWN_REASONS, THERMAL_REASONS, THROTTLE_BITS, THROTTLE_DESCRIPTIONS,
     DeviceSample, DeviceStatic, GpuProcess, HostMonitor, HostSample, MigSample, MigStatic, NAType,
@@ -96,9 +95,3 @@ def get_provider(simulate: str | None = None, *, strict: bool = True, visible_on
     if strict:
         provider.ensure()      # raises DiagError with a hint when NVML cannot be used
     return provider
-
-
-def unavailable_error(provider) -> DiagError:
-    """A DiagError for a provider without devices (its reason and hint)."""
-    return DiagError(getattr(provider, "reason", None) or "no GPU telemetry is available",
-                     hint=getattr(provider, "hint", None))

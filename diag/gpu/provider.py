@@ -59,14 +59,6 @@ def is_na(value: Any) -> bool:
     return value is NA or value is None
 
 
-def na_to_none(value: Any) -> Any:
-    return None if value is NA else value
-
-
-def none_to_na(value: Any) -> Any:
-    return NA if value is None else value
-
-
 # ---- formatting -------------------------------------------------------------------------------------
 
 def _human_bytes(n: float) -> str:

@@ -48,6 +48,3 @@ class LogPane(Pane):
             text = Text(line.rstrip("\n").expandtabs(), style="red" if stream == "stderr" else "")
             log.write(text)
         self.lines_written += len(lines)
-
-    def empty_note(self, text: str) -> None:
-        self.query_one("#log", RichLog).write(Text(text, style="dim"))
