@@ -11,16 +11,19 @@ probe pays per module call (about 4 us on this machine). The hand-over pays per 
   outermost one, and the parameterless outermost ones themselves: losses, wrappers) is remembered.
 * **handed over**: at a boundary (a step closed after at least one outermost forward, or after
   ``WINDOW_FORWARDS`` outermost forwards without a step) the global hooks are removed and the
-  remembered modules, plus every *root* module with parameters built so far (a module that is no
-  other module's child: it can only be called from outside), get module-local hooks. Inner modules
-  then run on torch's fast path.
+  remembered modules get module-local hooks. Inner modules then run on torch's fast path.
 * **signals that reopen a window** (each cheap, none per module call): a new optimizer; a
-  DataLoader iteration starting (every epoch of every loader: evaluation loops start this way); a
-  module built after the hand-over (torch's global *registration* hooks, which fire only while a
-  module is being built and do not touch the call fast path); an optimizer step that no known
+  DataLoader iteration starting (every epoch of every loader: evaluation loops start this way); an
+  optimizer step that no known
   forward fed; a parameterless outermost module that used to call a model and no longer calls a
-  known one; and a periodic window (steps 16, 32, 64, ... then every 1024 steps), with back-off for
-  the construction signal when windows keep finding nothing new.
+  known one; ``module.train()``/``.eval()`` that changes a module's mode (an evaluation phase
+  begins); and a periodic window (steps 16, 32, 64, ... then every 1024 steps). A reason whose
+  windows keep finding nothing new backs off (2, 4, 8, ... steps).
+* **modules built after install** are hooked as they are built (torch's global *registration*
+  hooks fire only while a module is built, never on a call): a module that gets a parameter or a
+  child is a root until it is registered as another module's child, when it is unhooked again
+  (unless a window saw it called as an outermost module). A compiled module's inner module is
+  never hooked (its hooks would run inside the compiled region); the OptimizedModule is.
 
 The hooks on models are small objects, not bound methods: ``copy.deepcopy(model)`` (an EMA copy)
 deep-copies a module's hook dicts, and a bound method would drag the whole probe into the copy.
@@ -120,6 +123,9 @@ class HandOver:
         self._opts: dict[int, int] = {}           # id(optimizer) -> outermost forwards at its last step
         self._window_forwards = 0
         self._pending: str | None = None
+        self._reason = ""
+        self._not_before: dict[str, int] = {}      # reason -> first step it may open a window again
+        self._fruitless: dict[str, int] = {}
         self.steps = 0
         self.windows: list[tuple[int, str]] = []   # (step, reason) of each window opened
         self.handovers = 0
@@ -150,7 +156,8 @@ class HandOver:
                 return orig_train(module, mode)
             me._in_train = True
             try:
-                me._on_train(module, mode)
+                if module.training != bool(mode):    # model.train() every step changes nothing
+                    me._on_train(module, mode)
                 return orig_train(module, mode)
             finally:
                 me._in_train = False
@@ -162,7 +169,7 @@ class HandOver:
             import gc
 
             # modules built before the probe (diag.watch() in a notebook): hook the roots now
-            mods = [o for o in gc.get_objects() if isinstance(o, nn.Module)]
+            mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]   # type(): no FutureWarning
             kids = {id(ch) for m in mods for ch in m.children()}
             for m in mods:
                 if id(m) not in kids and _has_parameters(m):
@@ -211,6 +218,15 @@ class HandOver:
         return self.c.pre(module, args)
 
     def _local_post(self, module, args, kwargs, output=None):
+        # On a forward that raised, torch calls a *global* always_call hook as hook(module, args,
+        # None) but a *module-local* with_kwargs one as hook(module, args, kwargs, None): the
+        # consumer's test (output None and kwargs not a dict) does not see it, so tell it here (the
+        # hook then runs inside _call_impl's `except Exception:` block).
+        if output is None and sys.exc_info()[0] is not None:
+            r = self.c.post(module, args, None)
+            if self.c.depth == 0:
+                self._after_outermost()
+            return r
         r = self.c.post(module, args, kwargs, output)
         if self.c.depth == 0:
             self._after_outermost()
@@ -231,8 +247,11 @@ class HandOver:
 
     # ---- windows ------------------------------------------------------------------------------------
     def request(self, reason: str) -> None:
-        """Open a discovery window now when no forward is running, else at the next outermost end."""
+        """Open a discovery window now when no forward is running, else at the next outermost end.
+        A reason whose windows keep finding nothing new waits 2, 4, 8, ... steps before the next."""
         if not self.active or self.discovering:
+            return
+        if self.steps < self._not_before.get(reason, 0):
             return
         if self.c.depth == 0:
             self._open(reason)
@@ -243,6 +262,7 @@ class HandOver:
         self._pending = None
         self.discovering = True
         self._window_forwards = 0
+        self._reason = reason
         self.windows.append((self.steps, reason))
         # torch.compile warns when a compiled module is called under global hooks: they are diag's,
         # and only for this window; the warning is not the user's concern
@@ -258,9 +278,15 @@ class HandOver:
         self._global.clear()
         self.discovering = False
         self.handovers += 1
+        new = 0
         for m in self.c.top_modules():
-            self._hook(m)
+            new += self._hook(m)
         self._unfilter()
+        r = self._reason
+        if r not in ("install", "new optimizer", "a step no known forward fed", "periodic"):
+            n = self._fruitless[r] = 0 if new else self._fruitless.get(r, 0) + 1
+            if n:
+                self._not_before[r] = self.steps + (1 << min(n, 10))
 
     def _unfilter(self) -> None:
         f, self._warn_filter = self._warn_filter, None
@@ -581,6 +607,56 @@ def sc_KNOWN_MISS_submodule_no_signal():
     with torch.no_grad():
         for _ in range(3):
             m[0](torch.randn(2, 8))                             # no .eval(), no loader, no new module
+
+
+def sc_forward_raises():
+    class Flaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+            self.n = 0
+
+        def forward(self, x):
+            self.n += 1
+            if self.n % 5 == 0:
+                raise ValueError("flaky")
+            return self.lin(x)
+    m = Flaky()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(50):
+        try:
+            opt.zero_grad()
+            m(torch.randn(4, 8)).sum().backward()               # RAISES every 5th call
+            opt.step()
+        except ValueError:
+            pass
+
+
+def sc_train_called_every_step():
+    m = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(40):
+        m.train()                                               # no mode change: no window
+        opt.zero_grad()
+        m(torch.randn(4, 8)).sum().backward()
+        opt.step()
+
+
+def sc_ddp():
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    with tempfile.NamedTemporaryFile() as f:
+        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        try:
+            m = DDP(_mlp())                                      # wrapped: DDP is the outermost module
+            _train(m, 40)
+            with m.no_sync():
+                m(torch.randn(4, 8)).sum().backward()           # NO-SYNC
+        finally:
+            dist.destroy_process_group()
 
 
 SCENARIOS = {k[3:]: v for k, v in dict(globals()).items() if k.startswith("sc_")}
