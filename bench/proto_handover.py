@@ -62,13 +62,17 @@ def _has_parameters(module) -> bool:
         return True
 
 
+_OWN = {"pre", "post", "_g_pre", "_g_post", "_local_pre", "_local_post", "__call__", "_after_outermost"}
+
+
 def _user_site():
     """file:line of the innermost frame outside torch and this file (the probe's user_frame)."""
     f = sys._getframe(2)
     here = os.path.abspath(__file__)
     while f is not None:
         fn = f.f_code.co_filename
-        if not (fn.startswith("<") or f"{os.sep}torch{os.sep}" in fn or fn == here
+        if not (fn.startswith("<") or f"{os.sep}torch{os.sep}" in fn
+                or (fn == here and f.f_code.co_name in _OWN)
                 or fn.endswith(("contextlib.py", "functools.py"))):
             return f"{os.path.basename(fn)}:{f.f_lineno}"
         f = f.f_back
