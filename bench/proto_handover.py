@@ -104,6 +104,18 @@ class _Hook:
     def __copy__(self):
         return self
 
+    def __reduce__(self):
+        # torch.save(model) of a whole module during the run pickles its hook dicts: store a no-op
+        return (_restored_hook, ())
+
+
+def _noop_hook(*a):
+    return None
+
+
+def _restored_hook():
+    return _noop_hook
+
 
 class HandOver:
     """Routes outermost forwards to ``consumer.pre(module, args)`` / ``consumer.post(module, args,
