@@ -5,6 +5,7 @@ figure the minimum of a few forwards (the least-disturbed one: this measures a f
 on a shared machine), then the median over rounds.
 
     .venv/bin/python bench/hook_breakdown.py [--calls 800] [--rounds 15]
+    .venv/bin/python bench/hook_breakdown.py --calls 1000 --rounds 40 --only "hand-over prototype"
 """
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=800)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--only", help="comma-separated variant names (default: all)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -124,7 +126,8 @@ def main() -> int:
         model(x)
     with tempfile.TemporaryDirectory() as tmp:
         vs = variants(tmp)
-        vs = {k: (v(model) if k == "hand-over prototype" else v) for k, v in vs.items()}
+        vs = {k: (v(model) if k == "hand-over prototype" else v) for k, v in vs.items()
+              if not a.only or k in a.only.split(",")}
         names = ["bare"] + list(vs)
         res: dict[str, list[float]] = {n: [] for n in names}
         for r in range(a.rounds):
