@@ -38,7 +38,8 @@ def test_depth_bench_quick_mode_measures_both_sides_and_the_probe_really_ran():
 @pytest.mark.parametrize("name", ["train_then_eval", "model_built_mid_run", "two_models",
                                   "eval_only_model_built_early", "eval_only_model_built_late",
                                   "loss_module_and_wrapper", "direct_forward", "closure", "frozen_backbone",
-                                  "ema_deepcopy", "forward_raises", "submodule_called_directly"])
+                                  "ema_deepcopy", "forward_raises", "submodule_called_directly",
+                                  "loader_eval", "train_called_every_step", "ddp"])
 def test_handover_sees_the_same_outermost_forwards_as_global_hooks(name):
     fn = proto.SCENARIOS[name]
     ref, _, _ = proto.run_scenario(fn, "global")
