@@ -14,8 +14,7 @@ probe pays per module call (about 4 us on this machine). The hand-over pays per 
   remembered modules get module-local hooks. Inner modules then run on torch's fast path.
 * **signals that reopen a window** (each cheap, none per module call): a new optimizer; a
   DataLoader iteration starting (every epoch of every loader: evaluation loops start this way); an
-  optimizer step that no known
-  forward fed; a parameterless outermost module that used to call a model and no longer calls a
+  optimizer step that no known forward fed; a parameterless outermost module that used to call a model and no longer calls a
   known one; ``module.train()``/``.eval()`` that changes a module's mode (an evaluation phase
   begins); and a periodic window (steps 16, 32, 64, ... then every 1024 steps). A reason whose
   windows keep finding nothing new backs off (2, 4, 8, ... steps).
