@@ -1,0 +1,124 @@
+"""The probe's cost against model depth (issue 20): steps of nn.Sequential(Linear(32, 32), ReLU, ...)
+with 10, 100, 800 and 1,000 module calls per forward (batch 16) and the MLP workload, one intra-op
+thread, bare vs under the probe in alternated paired blocks inside one process
+(bench/workloads/depth_steps.py). Reports per depth: the median step time per side, the median
+overhead with its inter-quartile range, and the probe's microseconds per module call; each on the
+step thread's CPU time (the headline figure: it leaves out the time the thread waited for a core,
+which on a shared machine is most of the noise) and on the wall clock.
+
+    .venv/bin/python bench/run.py depth                     # full sweep (README figures, ~2-4 min)
+    BENCH_QUICK=1 .venv/bin/python bench/run.py depth       # smoke: 10 and 100 calls, a few seconds
+    .venv/bin/python bench/bench_depth.py --quick --variants bare,hooks,probe,probe-noext,proto
+
+The machine's load moves absolute step times; the ratios are taken within a round (the blocks of a
+round run back to back), and the IQR says how much they moved.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOAD = ROOT / "bench" / "workloads" / "depth_steps.py"
+
+FULL = {"calls": "10,100,800,1000,mlp", "rounds": 10, "steps": 30}
+QUICK = {"calls": "10,100", "rounds": 3, "steps": 8}
+
+
+def measure(calls: str, variants: str, rounds: int, steps: int, warmup: int = 6, timeout: float = 1800) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, str(WORKLOAD), "--calls", calls, "--variants", variants, "--rounds", str(rounds),
+           "--steps", str(steps), "--warmup", str(warmup)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"depth workload failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _side(vals: list, base: list, calls: int) -> dict:
+    ratios = [p / b - 1 for p, b in zip(vals, base)]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+    per_call = [(p - b) * 1e6 / calls for p, b in zip(vals, base)]
+    return {
+        "step_median_ms": round(1000 * statistics.median(vals), 3),
+        "overhead_median_pct": round(100 * statistics.median(ratios), 2),
+        "overhead_iqr_pct": [round(100 * q[0], 2), round(100 * q[2], 2)],
+        "us_per_module_call": round(statistics.median(per_call), 3),
+        "pairs": len(ratios),
+    }
+
+
+def summarise(raw: dict) -> dict:
+    """Per depth and per variant (against bare): medians, overhead median and IQR, us per call, on
+    the thread's CPU time (the headline: insensitive to waiting for a core) and on the wall clock."""
+    res = {}
+    for calls, d in raw.items():
+        wall, cpu = d["block_median_step_s"], d["block_median_step_cpu_s"]
+        row = {"module_calls": d["module_calls"],
+               "bare_step_median_ms": round(1000 * statistics.median(cpu["bare"]), 3),
+               "bare_step_median_wall_ms": round(1000 * statistics.median(wall["bare"]), 3)}
+        for v in wall:
+            if v == "bare":
+                continue
+            row[v] = _side(cpu[v], cpu["bare"], d["module_calls"])
+            row[v]["wall"] = _side(wall[v], wall["bare"], d["module_calls"])
+            if v in d.get("probe_steps_seen", {}):
+                row[v]["steps_recorded"] = d["probe_steps_seen"][v]
+        res[calls] = row
+    return res
+
+
+def print_table(res: dict) -> None:
+    for calls, row in res.items():
+        for v, r in row.items():
+            if not isinstance(r, dict):
+                continue
+            w = r["wall"]
+            print(f"   {calls:>5} ({row['module_calls']:4d} calls) {v:11s} CPU {row['bare_step_median_ms']:8.3f} -> "
+                  f"{r['step_median_ms']:8.3f} ms {r['overhead_median_pct']:+6.2f}% "
+                  f"(IQR {r['overhead_iqr_pct'][0]:+.2f}..{r['overhead_iqr_pct'][1]:+.2f}%) "
+                  f"{r['us_per_module_call']:+.3f} us/call | wall {row['bare_step_median_wall_ms']:.3f} -> "
+                  f"{w['step_median_ms']:.3f} ms {w['overhead_median_pct']:+.2f}% "
+                  f"(IQR {w['overhead_iqr_pct'][0]:+.2f}..{w['overhead_iqr_pct'][1]:+.2f}%) [{r['pairs']} pairs]",
+                  flush=True)
+
+
+def run(results: dict, quick: bool | None = None, variants: str = "bare,probe") -> None:
+    if quick is None:
+        quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    cfg = QUICK if quick else FULL
+    res = summarise(measure(cfg["calls"], variants, cfg["rounds"], cfg["steps"], warmup=3 if quick else 6))
+    results["mode"] = "quick" if quick else "full"
+    results["depths"] = res
+    print_table(res)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--variants", default="bare,probe")
+    ap.add_argument("--calls", help="override the depths, e.g. 800 or 10,100,mlp")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--steps", type=int)
+    a = ap.parse_args()
+    cfg = dict(QUICK if a.quick else FULL)
+    for k in ("calls", "rounds", "steps"):
+        if getattr(a, k):
+            cfg[k] = getattr(a, k)
+    if "bare" not in a.variants.split(","):
+        a.variants = "bare," + a.variants
+    res = summarise(measure(cfg["calls"], a.variants, cfg["rounds"], cfg["steps"], warmup=3 if a.quick else 6))
+    print_table(res)
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
