@@ -83,7 +83,7 @@ def hooks(results: dict, n: int = 20000) -> None:
         opt.step()
         model(x)
         out = model(x)
-        st = probe._step
+        st = probe.current_step
         t0 = time.perf_counter()
         for _ in range(n):
             st.n_forward = 1

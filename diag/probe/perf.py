@@ -40,7 +40,10 @@ import sys
 import time
 import warnings
 
-from diag.probe.core import _is_library_file, first_tensor, frame_location
+from diag.probe.frames import frame_location
+from diag.probe.frames import is_library_file as _is_library_file
+from diag.probe.hooks import Patches, remove_hooks
+from diag.probe.tensors import first_tensor, grad_tensor
 
 SYNC_MSG = "called a synchronizing CUDA operation"   # the text of torch's sync debug warning
 SYNC_FIRST_STEP = 1     # the window opens at the end of this step (the first one is warm-up)
@@ -126,7 +129,7 @@ class PerfProbe:
     def __init__(self):
         self._probe = None
         self._torch = None
-        self._patches: list = []
+        self._patches = Patches()
         self._hooks: list = []
         self._dirty: set[str] = set()
         self._cuda_training = False
@@ -183,37 +186,19 @@ class PerfProbe:
 
             self._hooks.append(register_optimizer_step_pre_hook(self._opt_pre))
         except Exception as e:
-            probe._report_error("PerfProbe.optimizer hook", e)
+            probe.report_error("PerfProbe.optimizer hook", e)
 
     def uninstall(self, probe) -> None:
         self._close_sync(probe, emit=False)
-        for h in self._hooks:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._hooks.clear()
-        self._unpatch(self._patches)
+        remove_hooks(self._hooks)
+        self._patches.undo()
 
-    def _patch(self, owner, name: str, new, bucket: list | None = None) -> None:
-        (self._patches if bucket is None else bucket).append((owner, name, owner.__dict__.get(name)))
-        setattr(owner, name, new)
-
-    @staticmethod
-    def _unpatch(patches: list) -> None:
-        for owner, name, orig in reversed(patches):
-            try:
-                if orig is None:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, orig)
-            except Exception:
-                pass
-        patches.clear()
+    def _patch(self, owner, name: str, new, bucket: Patches | None = None) -> None:
+        (self._patches if bucket is None else bucket).patch(owner, name, new)
 
     def _live(self) -> bool:
         p = self._probe
-        return p is not None and p.active and not p._forked
+        return p is not None and p.is_live()
 
     # ---- GradScaler --------------------------------------------------------------------------------
     def _patch_scaler(self, torch) -> None:
@@ -237,7 +222,7 @@ class PerfProbe:
                         s["location"] = _loc_of(_caller_outside_library())
                     ext._mark("scaler", now=True)
                 except Exception as e:
-                    ext._probe._report_error("PerfProbe.GradScaler", e)
+                    ext._probe.report_error("PerfProbe.GradScaler", e)
 
         def scale(sc, outputs):
             if ext._live():
@@ -278,7 +263,7 @@ class PerfProbe:
                     ext._stop_copy_watch()      # never leave a patched Tensor.to under dynamo
                     ext._mark("compile", now=True)
                 except Exception as e:
-                    ext._probe._report_error("PerfProbe.compile", e)
+                    ext._probe.report_error("PerfProbe.compile", e)
             return orig(*args, **kwargs)
 
         compile.__wrapped__ = orig
@@ -312,7 +297,7 @@ class PerfProbe:
             self._patch(ag, "set_detect_anomaly", set_detect_anomaly)
             self._patch(ag, "detect_anomaly", detect_anomaly)
         except Exception as e:
-            self._probe._report_error("PerfProbe.anomaly", e)
+            self._probe.report_error("PerfProbe.anomaly", e)
         owners = []
         try:
             import torch.profiler
@@ -386,7 +371,7 @@ class PerfProbe:
         try:
             self._describe_optimizer(opt)
         except Exception as e:
-            self._probe._report_error("PerfProbe.optimizer", e)
+            self._probe.report_error("PerfProbe.optimizer", e)
         return None
 
     def _describe_optimizer(self, opt) -> None:
@@ -406,7 +391,7 @@ class PerfProbe:
                     params, bool(defaults.get("differentiable", False)), use_fused=False)
             except Exception:
                 eff_foreach = None
-        oid = self._probe._optimizer_info(opt)["id"]
+        oid = self._probe.optimizer_info(opt)["id"]
         self.optimizers[str(oid)] = {
             "id": oid, "cls": type(opt).__name__,
             "device": params[0].device.type if params else None,
@@ -459,14 +444,14 @@ class PerfProbe:
             self._mark("compile", now=True)
 
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
-        st = probe._step
+        st = probe.current_step
         if st is not None and st.n_forward == 1:
             # from when the probe finished closing the last step (its own work is not the user's)
-            start = max(st.start, getattr(probe, "step_closed_at", 0.0))
-            gap = probe._top_start - start - st.data_s - st.eval_s
+            start = max(st.start, probe.step_closed_at)
+            gap = probe.forward_start - start - st.data_s - st.eval_s
             st.extra["pre_forward_s"] = round(gap if gap > 0 else 0.0, 7)
         if self._conv_models:
-            mid = probe._models.get(id(module))
+            mid = probe.model_id(module)
             if mid in self._conv_models:
                 shapes = self._shape_sets.setdefault(mid, set())
                 if len(shapes) < MAX_SHAPES:
@@ -485,8 +470,6 @@ class PerfProbe:
         rec = self.eval_graph.get(key)
         if rec is not None and rec["measured"] >= EVAL_MEASURE:
             return
-        from diag.probe.core import grad_tensor
-
         out = grad_tensor(output)
         if out is None:
             return
@@ -559,7 +542,7 @@ class PerfProbe:
             self._flush(self._probe)
 
     def _flush(self, probe) -> None:
-        if not self._dirty or probe._forked:
+        if not self._dirty:
             return
         dirty, self._dirty = self._dirty, set()
         for name in sorted(dirty):
@@ -655,7 +638,7 @@ class PerfProbe:
         ext = self
         Tensor = torch.Tensor
         orig_to, orig_cuda = Tensor.to, Tensor.cuda
-        self._copy_patches: list = []
+        self._copy_patches = Patches()
 
         def to(t, *args, **kwargs):
             if ext._copy_watch:
@@ -684,7 +667,7 @@ class PerfProbe:
         self._copy_watch = False
         patches = getattr(self, "_copy_patches", None)
         if patches:
-            self._unpatch(patches)
+            patches.undo()
 
     def _on_copy(self, t, args, kwargs, target) -> None:
         if t.device.type != "cpu":
