@@ -766,8 +766,6 @@ def _optimizer_alive() -> bool:
         return False
 
 
-
-
 __all__ = [
     "DiagStop", "ENV_ALLOWLIST", "FileSink", "MAX_LAYER_SHAPES", "Probe", "batch_size_of", "describe_model",
     "environment", "exception_info", "find_ddp", "first_tensor", "frame_location", "grad_tensor",

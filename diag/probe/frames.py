@@ -48,7 +48,6 @@ def frame_location(f) -> dict | None:
     return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name}
 
 
-
 def is_oom(exc: BaseException) -> bool:
     try:
         import torch

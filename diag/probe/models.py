@@ -12,7 +12,6 @@ def has_parameters(module) -> bool:
         return True
 
 
-
 def wrappers_of(module) -> tuple[str, list[str], Any]:
     """(innermost class name, wrapper names, innermost module)."""
     wrappers = []
@@ -101,7 +100,6 @@ def describe_model(module, model_id: int) -> dict:
         "dtypes": list(dtypes), "devices": list(devices) or ["cpu"], "n_modules": n_modules,
         "module_types": module_types, "layer_shapes": layer_shapes, "ddp": ddp,
     }
-
 
 
 def device_type(module) -> str:

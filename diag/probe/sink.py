@@ -8,7 +8,6 @@ import threading
 from typing import Any
 
 
-
 class FileSink:
     """One JSON object per line, flushed per event: a crash or kill loses nothing already written."""
 
