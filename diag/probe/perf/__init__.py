@@ -100,7 +100,8 @@ class PerfProbe(AmpRecorder, DataloaderRecorder, EvalRecorder, ParallelRecorder,
     def on_step_end(self, probe, step) -> None:
         self._debug_step(self._torch)
         index = step.get("index", 0)
-        self._sync_step(probe, index)
+        if self._sync_open or (self._cuda_training and not self._sync_done):   # no call on CPU runs
+            self._sync_step(probe, index)
         if index in FLUSH_AT or index % 100 == 0:
             self._flush(probe)
 
