@@ -36,7 +36,6 @@ from __future__ import annotations
 from diag.probe.hooks import Patches, remove_hooks
 from diag.probe.perf._common import MAX_LOCATE, MAX_SITES
 from diag.probe.perf.amp import AmpRecorder
-from diag.probe.perf.dataloader import DataloaderRecorder
 from diag.probe.perf.eval import EVAL_MEASURE, MAX_GRAPH_NODES, EvalRecorder, graph_saved_bytes
 from diag.probe.perf.parallel import ParallelRecorder
 from diag.probe.perf.sync import SYNC_FIRST_STEP, SYNC_MSG, SYNC_STEPS, SyncRecorder, h2d_target
@@ -45,10 +44,12 @@ from diag.probe.perf.tuning import MAX_SHAPES, TuningRecorder
 FLUSH_AT = (1, 2, 5, 10, 20, 50)
 
 
-class PerfProbe(AmpRecorder, DataloaderRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, TuningRecorder):
+class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, TuningRecorder):
     """One extension; each topic's recorder (a module of this package, named after the checks that
-    read it) keeps its own state and patches, and this class routes the probe's hooks to them and
-    writes what changed as ``set``/``merge`` events."""
+    read it: amp, eval, parallel, sync, tuning) keeps its own state and patches, and this class routes
+    the probe's hooks to them and writes what changed as ``set``/``merge`` events. What
+    checks/dataloader.py needs beyond the core probe (``pre_forward_s``) is measured in ``on_forward``
+    itself; its ``extras.copies`` are counted in the sync window (:mod:`diag.probe.perf.sync`)."""
 
     def __init__(self):
         self._probe = None
@@ -92,13 +93,33 @@ class PerfProbe(AmpRecorder, DataloaderRecorder, EvalRecorder, ParallelRecorder,
         self._model_tuning(module, info)
 
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
-        self._pre_forward_gap(probe)
+        # step.extra["pre_forward_s"] (checks/dataloader.py), inlined: on_forward is the per-step hot
+        # path. Seconds between the previous step's end and this step's first training forward, minus
+        # the DataLoader wait and eval forwards in between: the main thread's own batch building.
+        st = probe.current_step
+        if st is not None and st.n_forward == 1:
+            # from when the probe finished closing the last step (its own work is not the user's)
+            start = max(st.start, probe.step_closed_at)
+            gap = probe.forward_start - start - st.data_s - st.eval_s
+            st.extra["pre_forward_s"] = round(gap if gap > 0 else 0.0, 7)
         if self._conv_models:
             self._input_shape(probe, module, args)
 
     # ---- steps -------------------------------------------------------------------------------------
     def on_step_end(self, probe, step) -> None:
-        self._debug_step(self._torch)
+        # tuning's per-step debug count, inlined: on_step_end is the per-step hot path
+        torch = self._torch
+        d = self.debug
+        d["steps"] += 1
+        try:
+            if torch.is_anomaly_enabled():
+                d["anomaly_steps"] += 1
+                self._dirty.add("debug")
+            if torch._C._autograd._profiler_enabled():
+                d["profiler_steps"] += 1
+                self._dirty.add("debug")
+        except Exception:
+            pass
         index = step.get("index", 0)
         if self._sync_open or (self._cuda_training and not self._sync_done):   # no call on CPU runs
             self._sync_step(probe, index)

@@ -124,19 +124,6 @@ class TuningRecorder:
         except Exception:
             pass
 
-    def _debug_step(self, torch) -> None:
-        d = self.debug
-        d["steps"] += 1
-        try:
-            if torch.is_anomaly_enabled():
-                d["anomaly_steps"] += 1
-                self._dirty.add("debug")
-            if torch._C._autograd._profiler_enabled():
-                d["profiler_steps"] += 1
-                self._dirty.add("debug")
-        except Exception:
-            pass
-
     # ---- nn.Module.zero_grad -----------------------------------------------------------------------
     def _patch_module_zero_grad(self, torch) -> None:
         Module = torch.nn.Module
