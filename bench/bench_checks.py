@@ -1,4 +1,4 @@
-"""What the performance checklist's probe extension (diag/probe/perf.py) adds to a training step.
+"""What the performance checklist's probe extension (diag/probe/perf/) adds to a training step.
 
 Two measurements, both in this process with the core probe installed:
 - A/B: the same tiny training loop with the core probe alone and with the core probe plus
@@ -83,7 +83,7 @@ def hooks(results: dict, n: int = 20000) -> None:
         opt.step()
         model(x)
         out = model(x)
-        st = probe._step
+        st = probe.current_step
         t0 = time.perf_counter()
         for _ in range(n):
             st.n_forward = 1

@@ -36,7 +36,7 @@ t_import = time.perf_counter()
 import torch
 from torch import nn
 import torch.nn.functional as F
-from diag.memory.replay import InputSpec, StepReplay
+from diag.probe.replay import InputSpec, StepReplay
 from diag.memory.plan import make_plan
 t_import = time.perf_counter() - t_import
 rss_import = hwm()

@@ -4,7 +4,7 @@ This machine has no GPU, so these Evidence objects are written by hand in the sh
 produces: the probe records the device in ``environment.devices`` (name, capability), the model's
 parameters on ``cuda:0`` in ``ModelInfo.devices``, autocast per forward site, the optimizer's
 parameter device in ``extras.optimizers``, the sync debug-mode window in ``sync`` and host-to-device
-copies in ``extras.copies`` (see diag/probe/perf.py and docs/performance-checks.md for the fields).
+copies in ``extras.copies`` (see diag/probe/perf/ and docs/performance-checks.md for the fields).
 Each check is tested on a planted variant (it must fire) and a clean variant (it must not).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fake-tensor replay (diag.memory.replay) against analytical expectations.
+"""The fake-tensor replay (diag.probe.replay) against analytical expectations.
 
 Everything runs in-process on fake CPU tensors: no real memory proportional to the models or
 batches is allocated. The analytical expectations are derived in the comments from what each op
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from diag.memory.replay import InputSpec, ReplayError, StepReplay  # noqa: E402
+from diag.probe.replay import InputSpec, ReplayError, StepReplay  # noqa: E402
 
 MiB = 1 << 20
 

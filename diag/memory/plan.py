@@ -1,7 +1,7 @@
 """Memory planning: allowances for what the fake replay cannot see, the search for the largest batch
 that fits (bisection), gradient accumulation, and the plan written to Evidence. Pure Python.
 
-The replay (:mod:`diag.memory.replay`) measures what CUDA's caching allocator would report as
+The replay (:mod:`diag.probe.replay`) measures what CUDA's caching allocator would report as
 *allocated* for the tensors of one step. A real device holds more; these allowances are added
 (every figure is documented in docs/memory.md with its source):
 
@@ -244,7 +244,7 @@ def make_plan(train: Callable[[int, int], dict], evaluate: Callable[[int], dict]
     """Replay at the batches the plan needs and assemble the ``memory.estimate`` record.
 
     ``train(batch, accumulation)`` and ``evaluate(batch)`` return replay points (see
-    :meth:`diag.memory.replay.StepReplay.train`); they may raise, and the caller turns that into a
+    :meth:`diag.probe.replay.StepReplay.train`); they may raise, and the caller turns that into a
     ``skipped`` record. Without ``capacity`` only the table is made (no fit, no search).
     """
     t0 = time.perf_counter()

@@ -1,28 +1,32 @@
-"""The probe: hooks installed inside the user's process that turn a training run into events.
+"""The probe: hooks installed inside the user's process that turn a training run into events, and
+the step state machine that decides where a training step begins and ends.
 
 Everything here runs in the user's process, on their hot path: keep each hook cheap (no I/O
 except one JSON line per step, no allocation proportional to tensors, no synchronisation).
 
 Events are dicts ``{"kind": ..., "t": seconds since install, "rank": r, ...}`` handed to a sink
-(a JSON-lines file for ``python -m diag.probe``, a callback for ``diag.watch()``). The folding of
-events into Evidence is in :mod:`diag.fold` (which must stay torch-free).
+(:mod:`diag.probe.sink`). The folding of events into Evidence is in :mod:`diag.fold` (which must
+stay torch-free).
 
-Extensions (``diag.probe.extensions``) add their own observations through a small interface:
-``install(probe)``, ``uninstall(probe)``, ``on_model(probe, module, info)``,
-``on_forward(probe, module, args, kwargs, output, training)`` (top-level training forwards only),
-``on_step_end(probe, step)`` (``step`` is the step event dict, still mutable: extensions may add
-keys to ``step["extra"]``), ``on_step_start(probe, index)``, ``on_exit(probe, status)``,
-``on_graph_forward(probe, module, args, kwargs, output, site)`` (top-level forwards outside training
-that built an autograd graph: eval mode with grad enabled; ``site`` is the ForwardSite dict).
-Each may be absent. An extension that raises is disabled and reported once (``probe_error``
-event), never breaking the user's run.
+The probe is split by concern:
+
+- :mod:`diag.probe.sink`         where events go (a JSON-lines file, or a callback);
+- :mod:`diag.probe.frames`, :mod:`~diag.probe.tensors`, :mod:`~diag.probe.models`,
+  :mod:`~diag.probe.environment`: introspection (the user's frame, the tensors a forward holds,
+  model descriptions, the environment);
+- :mod:`diag.probe.hooks`        undoing hooks and patches;
+- :mod:`diag.probe.context`      the extension interface (``ProbeContext``, ``Extension``);
+- this module                    the ``Probe``: torch hooks and the step state machine.
+
+Extensions (``diag.probe.extensions``) add their own observations through
+:class:`diag.probe.context.Extension` hooks; the probe passes itself to them as a
+:class:`~diag.probe.context.ProbeContext`, and they use nothing of it beyond that interface.
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
 import gc
-import json
 import os
 import socket
 import sys
@@ -32,9 +36,18 @@ import traceback
 import weakref
 from typing import Any, Callable
 
-_DIAG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DEMO_DIR = os.path.join(_DIAG_DIR, "demo") + os.sep   # the bundled demos are user code
+from diag.probe.environment import ENV_ALLOWLIST, environment
+from diag.probe.frames import exception_info, frame_location, is_library_file, is_oom, user_frame
+from diag.probe.hooks import Patches, remove_hooks
+from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
+                               wrappers_of)
+from diag.probe.sink import FileSink
+from diag.probe.tensors import batch_size_of, first_tensor, grad_tensor, grad_tensors
 
+# former private names, kept for code that imported them from here
+_is_library_file = is_library_file
+_has_parameters = has_parameters
+_device_type = device_type
 
 class DiagStop(BaseException):
     """Raised inside the user's script to end it at a step or time limit (unwinds like Ctrl-C,
@@ -47,312 +60,11 @@ class DiagStop(BaseException):
 
 
 # ---------------------------------------------------------------------------------------------------
-# sinks
-
-class FileSink:
-    """One JSON object per line, flushed per event: a crash or kill loses nothing already written."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._f = open(path, "a", encoding="utf-8", buffering=1)
-        self._lock = threading.Lock()
-
-    def __call__(self, event: dict) -> None:
-        try:
-            line = json.dumps(event, default=str, allow_nan=False)
-        except ValueError:   # NaN or infinity somewhere: JSON has no spelling for them
-            line = json.dumps(_scrub(event), default=str)
-        with self._lock:
-            self._f.write(line + "\n")
-            self._f.flush()
-
-    def close(self) -> None:
-        try:
-            self._f.close()
-        except Exception:
-            pass
-
-
-def _scrub(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
-    if isinstance(obj, dict):
-        return {k: _scrub(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_scrub(v) for v in obj]
-    return obj
-
-
-# ---------------------------------------------------------------------------------------------------
-# helpers
-
-def user_frame(start_depth: int = 2):
-    """The innermost frame that is not inside torch, diag or the standard library's runpy."""
-    f = sys._getframe(start_depth)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not (_is_library_file(fn)):
-            return f
-        f = f.f_back
-    return None
-
-
-_LIB_CACHE: dict[str, bool] = {}
-
-
-def _is_library_file(fn: str) -> bool:
-    r = _LIB_CACHE.get(fn)
-    if r is None:
-        r = (
-            fn.startswith("<")
-            or f"{os.sep}torch{os.sep}" in fn
-            or (fn.startswith(_DIAG_DIR + os.sep) and not fn.startswith(_DEMO_DIR))
-            or f"{os.sep}runpy.py" in fn
-            or f"{os.sep}contextlib.py" in fn
-            or f"{os.sep}threading.py" in fn
-            or f"{os.sep}functools.py" in fn
-        )
-        _LIB_CACHE[fn] = r
-    return r
-
-
-def frame_location(f) -> dict | None:
-    if f is None:
-        return None
-    return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name}
-
-
-def _has_parameters(module) -> bool:
-    try:
-        return next(module.parameters(), None) is not None
-    except Exception:
-        return True
-
-
-def _children(obj):
-    """The values a forward's input or output holds: a sequence's items, a dict's values, a
-    dataclass's fields (model outputs such as ``Output(loss=..., logits=...)``), at most 8."""
-    if isinstance(obj, (list, tuple)):
-        return obj[:8]
-    if isinstance(obj, dict):
-        return list(obj.values())[:8]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        try:
-            return [getattr(obj, f.name, None) for f in dataclasses.fields(obj)[:8]]
-        except Exception:
-            return ()
-    return ()
-
-
-def _find_tensors(obj, want, out: list, limit: int, depth: int = 0) -> None:
-    import torch
-
-    if len(out) >= limit:
-        return
-    if isinstance(obj, torch.Tensor):
-        if want(obj):
-            out.append(obj)
-        return
-    if depth > 2:
-        return
-    for o in _children(obj):
-        _find_tensors(o, want, out, limit, depth + 1)
-        if len(out) >= limit:
-            return
-
-
-def first_tensor(obj):
-    """The first tensor in a forward's input or output (None when there is none)."""
-    out: list = []
-    _find_tensors(obj, lambda t: True, out, 1)
-    return out[0] if out else None
-
-
-def grad_tensor(obj):
-    """The first tensor in a forward's output that requires grad (None when none does)."""
-    out: list = []
-    _find_tensors(obj, lambda t: t.requires_grad, out, 1)
-    return out[0] if out else None
-
-
-def grad_tensors(obj, limit: int = 8) -> list:
-    """Every tensor (up to ``limit``) in a forward's output that requires grad: a backward may start
-    from any of them (a model returning (features, logits) whose loss uses only the logits)."""
-    out: list = []
-    _find_tensors(obj, lambda t: t.requires_grad, out, limit)
-    return out
-
-
-def batch_size_of(args, kwargs) -> tuple[int | None, int | None, list, list]:
-    """(samples, tokens, shapes, dtypes) from a forward's inputs: samples is dim 0 of the first
-    tensor; tokens is its numel when it is a 2-D integer tensor (token ids)."""
-    t = first_tensor(args) if args else None
-    if t is None and kwargs:
-        t = first_tensor(kwargs)
-    if t is None or t.dim() == 0:
-        return None, None, [], []
-    samples = int(t.shape[0])
-    tokens = None
-    if t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
-        tokens = int(t.numel())
-    return samples, tokens, [list(t.shape)], [str(t.dtype).replace("torch.", "")]
-
-
-def wrappers_of(module) -> tuple[str, list[str], Any]:
-    """(innermost class name, wrapper names, innermost module)."""
-    wrappers = []
-    inner = module
-    for _ in range(4):
-        name = type(inner).__name__
-        if name in ("DataParallel", "DistributedDataParallel", "FullyShardedDataParallel") and hasattr(inner, "module"):
-            wrappers.append(name)
-            inner = inner.module
-        elif name == "OptimizedModule" and hasattr(inner, "_orig_mod"):
-            wrappers.append("compiled")
-            inner = inner._orig_mod
-        else:
-            break
-    return type(inner).__name__, wrappers, inner
-
-
-def find_ddp(module):
-    """The DistributedDataParallel module inside ``module`` (itself, or under torch.compile or
-    DataParallel); None when there is none."""
-    m = module
-    for _ in range(4):
-        name = type(m).__name__
-        if name == "DistributedDataParallel":
-            return m
-        if name == "OptimizedModule" and hasattr(m, "_orig_mod"):
-            m = m._orig_mod
-        elif name == "DataParallel" and hasattr(m, "module"):
-            m = m.module
-        else:
-            return None
-    return None
-
-
-MAX_LAYER_SHAPES = 200
-
-
-def describe_model(module, model_id: int) -> dict:
-    import torch
-
-    cls, wrappers, inner = wrappers_of(module)
-    total = trainable = pbytes = 0
-    dtypes: dict[str, None] = {}
-    devices: dict[str, None] = {}
-    for p in module.parameters():
-        n = p.numel()
-        total += n
-        if p.requires_grad:
-            trainable += n
-        pbytes += n * p.element_size()
-        dtypes[str(p.dtype).replace("torch.", "")] = None
-        devices[str(p.device)] = None
-    bbytes = 0
-    for b in module.buffers():
-        bbytes += b.numel() * b.element_size()
-        devices.setdefault(str(b.device), None)
-    module_types: dict[str, int] = {}
-    layer_shapes: list[dict] = []
-    n_modules = 0
-    for m in inner.modules():
-        n_modules += 1
-        name = type(m).__name__
-        module_types[name] = module_types.get(name, 0) + 1
-        if len(layer_shapes) < MAX_LAYER_SHAPES:
-            if isinstance(m, torch.nn.Linear):
-                layer_shapes.append({"type": "Linear", "in": m.in_features, "out": m.out_features})
-            elif isinstance(m, torch.nn.Embedding):
-                layer_shapes.append({"type": "Embedding", "in": m.num_embeddings, "out": m.embedding_dim})
-            elif isinstance(m, torch.nn.modules.conv._ConvNd):
-                layer_shapes.append({"type": name, "in": m.in_channels, "out": m.out_channels})
-    ddp: dict[str, Any] = {}
-    if "DistributedDataParallel" in wrappers:
-        ddp_mod = module
-        while type(ddp_mod).__name__ != "DistributedDataParallel":
-            ddp_mod = ddp_mod.module
-        ddp = {
-            "find_unused_parameters": bool(getattr(ddp_mod, "find_unused_parameters", False)),
-            "gradient_as_bucket_view": bool(getattr(ddp_mod, "gradient_as_bucket_view", False)),
-            "static_graph": bool(getattr(ddp_mod, "static_graph", False)),
-            "broadcast_buffers": bool(getattr(ddp_mod, "broadcast_buffers", True)),
-            "device_ids": [str(d) for d in (getattr(ddp_mod, "device_ids", None) or [])],
-        }
-    return {
-        "id": model_id, "cls": cls, "wrappers": wrappers, "params_total": total,
-        "params_trainable": trainable, "param_bytes": pbytes, "buffer_bytes": bbytes,
-        "dtypes": list(dtypes), "devices": list(devices) or ["cpu"], "n_modules": n_modules,
-        "module_types": module_types, "layer_shapes": layer_shapes, "ddp": ddp,
-    }
-
-
-ENV_ALLOWLIST = (
-    "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE",
-    "TORCH_CUDNN_V8_API_ENABLED", "CUBLAS_WORKSPACE_CONFIG", "TORCH_DISTRIBUTED_DEBUG",
-    "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_PROCID",
-)
-
-
-def environment() -> dict:
-    import platform
-
-    import torch
-
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": socket.gethostname(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": None,
-        "cuda_available": False,
-        "device_count": 0,
-        "devices": [],
-        "mps_available": False,
-        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-        "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
-        "anomaly_detection": bool(torch.is_anomaly_enabled()),
-        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu_count_logical": os.cpu_count(),
-        "torch_num_threads": torch.get_num_threads(),
-        "env": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
-    }
-    try:
-        env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    except Exception:
-        pass
-    try:
-        # is_available() does not initialise CUDA in the parent of forked DataLoader workers
-        if torch.cuda.is_available():
-            env["cuda_available"] = True
-            env["device_count"] = torch.cuda.device_count()
-            for i in range(env["device_count"]):
-                p = torch.cuda.get_device_properties(i)
-                env["devices"].append({
-                    "index": i, "name": p.name, "type": "cuda", "capability": [p.major, p.minor],
-                    "total_memory": int(p.total_memory),
-                    "multi_processor_count": int(getattr(p, "multi_processor_count", 0)) or None,
-                })
-    except Exception:
-        pass
-    try:
-        env["mps_available"] = bool(torch.backends.mps.is_available())
-    except Exception:
-        pass
-    return env
-
-
-# ---------------------------------------------------------------------------------------------------
 # the probe
 
 class _Step:
+    """The step in progress (implements :class:`diag.probe.context.StepState`)."""
+
     __slots__ = ("index", "start", "data_s", "forward_s", "backward_s", "optimizer_s", "eval_s",
                  "n_forward", "n_backward", "samples", "tokens", "sample_site", "micro_batches", "instrumented",
                  "extra")
@@ -370,6 +82,9 @@ class _Step:
 
 
 class Probe:
+    """Torch hooks and the step state machine. Extensions receive the probe as their
+    :class:`~diag.probe.context.ProbeContext` and use only that interface."""
+
     def __init__(self, sink: Callable[[dict], None], *, max_steps: int | None = None,
                  rank: int = 0, local_rank: int = 0, world_size: int = 1,
                  extensions: list | None = None, script: str | None = None):
@@ -385,11 +100,11 @@ class Probe:
         self.active = False
         self._forked = False
         self._handles: list = []
-        self._patches: list[tuple[Any, str, Any]] = []
+        self._patches = Patches()
         self.extensions = list(extensions or [])
         # state
         self._depth = 0
-        self._top_start = 0.0
+        self.forward_start = 0.0
         self._top_module = None
         self._top_depth = 0          # the depth the model forward runs at (1, or deeper under a bare one)
         self._bare_start = 0.0       # a parameterless outermost forward (a loss module): when it began
@@ -404,7 +119,7 @@ class Probe:
         self._manual_mode: bool | None = None   # decided once, when the first backward ends a step
         self.steps_done = 0
         self.epoch = 0
-        self._step: _Step | None = None
+        self.current_step: _Step | None = None
         self._last_boundary: float | None = None
         self.step_closed_at: float = 0.0
         self._models: dict[int, int] = {}        # id(module) -> model id
@@ -416,7 +131,7 @@ class Probe:
         self._loaders: dict[int, dict] = {}      # id(loader) -> info
         self._loader_refs: dict[int, Any] = {}
         self._optimizers: dict[int, dict] = {}
-        self.last_model = None                   # weakref to the last top-level training model
+        self._last_model = None                  # weakref to the last top-level training model
         self.errors_reported: set[str] = set()
         self._env_refreshed = False
         self.lock = threading.RLock()
@@ -434,9 +149,10 @@ class Probe:
         try:
             self.sink(data)
         except Exception as e:  # never break the user's run because of our output
-            self._report_error("sink", e)
+            self.report_error("sink", e)
 
-    def _report_error(self, where: str, e: BaseException) -> None:
+    def report_error(self, where: str, e: BaseException) -> None:
+        """A ``probe_error`` event, once per ``where``; never raises."""
         if where in self.errors_reported:
             return
         self.errors_reported.add(where)
@@ -457,12 +173,69 @@ class Probe:
             except DiagStop:
                 raise
             except Exception as e:
-                self._report_error(f"{type(ext).__name__}.{method}", e)
+                self.report_error(f"{type(ext).__name__}.{method}", e)
                 if method != "uninstall":
                     try:
                         self.extensions.remove(ext)
                     except ValueError:
                         pass
+
+    # ---- the extension interface (diag.probe.context.ProbeContext) -----------------------------------
+    @property
+    def manual_mode(self) -> bool | None:
+        return self._manual_mode
+
+    def is_live(self) -> bool:
+        return self.active and not self._forked
+
+    def model_id(self, module) -> int | None:
+        return self._models.get(id(module))
+
+    def models(self) -> list:
+        out = []
+        for ref in list(self._model_refs.values()):
+            try:
+                m = ref()
+            except Exception:
+                m = None
+            if m is not None:
+                out.append(m)
+        return out
+
+    def last_model(self):
+        ref = self._last_model
+        return ref() if ref is not None else None
+
+    def is_top_forward(self, module) -> bool:
+        return self._depth == 1 and module is self._top_module
+
+    def phase(self) -> str:
+        if self._in_data:
+            return "data"
+        if self._in_backward:
+            return "backward"
+        if self._depth > 0:
+            return "forward"
+        return "other"
+
+    @contextlib.contextmanager
+    def paused(self):
+        was_active = self.active
+        self.active = False
+        try:
+            yield self
+        finally:
+            self.active = was_active
+            # optimizer steps begun while paused never reach the post hook's bookkeeping
+            for o in list(self._opt_start):
+                if o not in self._optimizers:
+                    self._opt_start.pop(o, None)
+
+    def disable(self, extension) -> None:
+        try:
+            self.extensions.remove(extension)
+        except ValueError:
+            pass
 
     # ---- install / uninstall -----------------------------------------------------------------------
     def install(self) -> "Probe":
@@ -492,7 +265,7 @@ class Probe:
             try:
                 probe._on_loader_iter(loader, it)
             except Exception as e:
-                probe._report_error("dataloader.__iter__", e)
+                probe.report_error("dataloader.__iter__", e)
             return it
 
         def __next__(it):
@@ -524,7 +297,7 @@ class Probe:
             try:
                 probe._on_zero_grad(opt, set_to_none, time.perf_counter() - t0)
             except Exception as e:
-                probe._report_error("zero_grad", e)
+                probe.report_error("zero_grad", e)
             return out
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
@@ -537,28 +310,14 @@ class Probe:
         self._forked = True
 
     def _patch(self, owner, name: str, new) -> None:
-        self._patches.append((owner, name, owner.__dict__.get(name)))
-        setattr(owner, name, new)
+        self._patches.patch(owner, name, new)
 
     def uninstall(self) -> None:
         if not self.active:
             return
         self.active = False
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._handles.clear()
-        for owner, name, orig in reversed(self._patches):
-            if orig is None:
-                try:
-                    delattr(owner, name)
-                except AttributeError:
-                    pass
-            else:
-                setattr(owner, name, orig)
-        self._patches.clear()
+        remove_hooks(self._handles)
+        self._patches.undo()
         self._ext("uninstall")
 
     # ---- end of run --------------------------------------------------------------------------------
@@ -568,14 +327,14 @@ class Probe:
         if self._forked:
             return
         try:
-            if self._step is not None and self._step.n_backward > 0:
+            if self.current_step is not None and self.current_step.n_backward > 0:
                 self._close_step(time.perf_counter(), "manual" if not self._any_optimizer_step else "optimizer")
             self._flush_sites()
             self._emit_loaders()
             self._emit_optimizers()
             self.emit("env", **environment())
         except Exception as e:
-            self._report_error("finish", e)
+            self.report_error("finish", e)
         if exception is not None:
             self.emit("exception", **exception_info(exception, self.steps_done, self.script))
         self._ext("on_exit", status)
@@ -589,8 +348,8 @@ class Probe:
             return None         # and it may end by an exception that skips the post hook
         self._depth += 1
         if self._depth == 1:
-            if _has_parameters(module):
-                self._top_start = time.perf_counter()
+            if has_parameters(module):
+                self.forward_start = time.perf_counter()
                 self._top_module = module
                 self._top_depth = 1
                 self._seek_model = False
@@ -602,8 +361,8 @@ class Probe:
                 self._seek_model = True
                 self._bare_start = time.perf_counter()
                 self._bare_had_model = False
-        elif self._seek_model and _has_parameters(module):
-            self._top_start = time.perf_counter()
+        elif self._seek_model and has_parameters(module):
+            self.forward_start = time.perf_counter()
             self._top_module = module
             self._top_depth = self._depth
             self._seek_model = False
@@ -639,11 +398,11 @@ class Probe:
             return None
         end = time.perf_counter()
         try:
-            self._on_top_forward(module, args, kwargs, output, self._top_start, end)
+            self._on_top_forward(module, args, kwargs, output, self.forward_start, end)
         except DiagStop:
             raise
         except Exception as e:
-            self._report_error("forward", e)
+            self.report_error("forward", e)
         return None
 
     def _on_bare_forward(self, output, start: float, end: float) -> None:
@@ -652,7 +411,7 @@ class Probe:
         not a model, a call site or a batch of its own."""
         if self._forked or not self.active or self._in_data:
             return
-        step = self._step
+        step = self.current_step
         try:
             import torch
 
@@ -665,7 +424,7 @@ class Probe:
             elif step is not None:
                 step.eval_s += end - start
         except Exception as e:
-            self._report_error("forward", e)
+            self.report_error("forward", e)
 
     def _on_top_forward(self, module, args, kwargs, output, start: float, end: float) -> None:
         import torch
@@ -689,7 +448,7 @@ class Probe:
         out_rg = out_t is not None
         dev_type = self._model_device.get(mid)
         if dev_type is None:
-            dev_type = self._model_device[mid] = _device_type(module)
+            dev_type = self._model_device[mid] = device_type(module)
         try:
             ac = torch.is_autocast_enabled(dev_type)
             ac_dtype = str(torch.get_autocast_dtype(dev_type)).replace("torch.", "") if ac else None
@@ -724,7 +483,7 @@ class Probe:
         self._site_counts[skey] += 1
         self._site_dirty.add(skey)
         dt = end - start
-        step = self._step
+        step = self.current_step
         if train_fwd:
             if step is None:
                 step = self._open_step(start)
@@ -745,7 +504,7 @@ class Probe:
                     if tokens is not None:
                         step.tokens = (step.tokens or 0) + tokens
             self.forward_counts_samples = counted
-            self.last_model = self._model_refs.get(mid)
+            self._last_model = self._model_refs.get(mid)
             if not self._in_backward:
                 # on every output that needs grad: the loss may use any of them
                 for t in outs:
@@ -780,7 +539,7 @@ class Probe:
             torch.autograd.Variable._execution_engine.queue_callback(self._bwd_end)
         except Exception as e:
             self._in_backward = False
-            self._report_error("backward", e)
+            self.report_error("backward", e)
         return None
 
     def _graph_bwd_hook(self, site, grad):
@@ -796,7 +555,7 @@ class Probe:
     def _bwd_end(self):
         end = time.perf_counter()
         self._in_backward = False
-        step = self._step or self._open_step(self._bwd_start)
+        step = self.current_step or self._open_step(self._bwd_start)
         step.backward_s += end - self._bwd_start
         step.n_backward += 1
 
@@ -813,17 +572,17 @@ class Probe:
         end = time.perf_counter()
         start = self._opt_start.pop(id(opt), end)
         self._any_optimizer_step = True
-        info = self._optimizer_info(opt)
+        info = self.optimizer_info(opt)
         info["steps"] += 1
-        step = self._step or self._open_step(start)
+        step = self.current_step or self._open_step(start)
         step.optimizer_s += end - start
         if step.n_backward > 0:
             self._close_step(end, "optimizer")
         return None
 
-    def _optimizer_info(self, opt) -> dict:
+    def optimizer_info(self, opt, create: bool = True) -> dict | None:
         info = self._optimizers.get(id(opt))
-        if info is None:
+        if info is None and create:
             defaults = getattr(opt, "defaults", {}) or {}
             groups = getattr(opt, "param_groups", []) or []
             info = {
@@ -841,14 +600,12 @@ class Probe:
     def _on_zero_grad(self, opt, set_to_none, dt: float = 0.0) -> None:
         if self._forked or not self.active:
             return
-        info = self._optimizer_info(opt)
+        info = self.optimizer_info(opt)
         info["zero_grad_calls"] += 1
         info["zero_grad_s"] = info.get("zero_grad_s", 0.0) + dt
         info["zero_grad_set_to_none"] = bool(set_to_none)
 
-    def optimizers(self) -> list:
-        """Live optimizer objects seen so far (for extensions)."""
-        return list(self._optimizers.keys())
+    _optimizer_info = optimizer_info
 
     # ---- DataLoader --------------------------------------------------------------------------------
     def _on_loader_iter(self, loader, it) -> None:
@@ -913,7 +670,7 @@ class Probe:
                 info["first_batch_s"].append(round(dt, 6))
                 if len(info["first_batch_s"]) > 200:
                     del info["first_batch_s"][0]
-        step = self._step or self._open_step(time.perf_counter() - dt)
+        step = self.current_step or self._open_step(time.perf_counter() - dt)
         step.data_s += dt
 
     def _emit_loaders(self) -> None:
@@ -928,15 +685,15 @@ class Probe:
     def _open_step(self, start: float) -> _Step:
         if self._last_boundary is not None:
             start = self._last_boundary
-        self._step = _Step(self.steps_done + 1, start)
+        self.current_step = _Step(self.steps_done + 1, start)
         if self.extensions:
-            self._ext("on_step_start", self._step.index)
-        return self._step
+            self._ext("on_step_start", self.current_step.index)
+        return self.current_step
 
     def _before_activity(self, t: float) -> None:
         """New data or a new training forward: close a manual step (backward without an
         optimizer step) if that is how this script trains."""
-        step = self._step
+        step = self.current_step
         if step is None or step.n_backward == 0 or self._any_optimizer_step:
             return
         if self._manual_mode is None:
@@ -945,10 +702,10 @@ class Probe:
             self._close_step(t, "manual")
 
     def _close_step(self, end: float, kind: str) -> None:
-        step = self._step
+        step = self.current_step
         if step is None:
             return
-        self._step = None
+        self.current_step = None
         self._last_boundary = end
         self._depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
         self._seek_model = False
@@ -988,15 +745,6 @@ class Probe:
             self._site_dirty.clear()
 
 
-def _device_type(module) -> str:
-    try:
-        for p in module.parameters():
-            return p.device.type
-    except Exception:
-        pass
-    return "cpu"
-
-
 def _float_or_none(v) -> float | None:
     try:
         return float(v)
@@ -1018,36 +766,12 @@ def _optimizer_alive() -> bool:
         return False
 
 
-def is_oom(exc: BaseException) -> bool:
-    try:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except Exception:
-        pass
-    msg = str(exc)
-    return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in msg.lower() or isinstance(exc, MemoryError))
+__all__ = [
+    "DiagStop", "ENV_ALLOWLIST", "FileSink", "MAX_LAYER_SHAPES", "Probe", "batch_size_of", "describe_model",
+    "environment", "exception_info", "find_ddp", "first_tensor", "frame_location", "grad_tensor",
+    "grad_tensors", "is_library_file", "is_oom", "user_frame", "wrappers_of",
+]
 
 
-def exception_info(exc: BaseException, step: int | None, script: str | None) -> dict:
-    tb = exc.__traceback__
-    frames = traceback.extract_tb(tb)
-    # drop diag's own frames (runpy, the probe) from the top of the traceback
-    keep_from = 0
-    for i, fr in enumerate(frames):
-        if not _is_library_file(fr.filename) or (script and fr.filename == script):
-            keep_from = i
-            break
-    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames[keep_from:])) + \
-        "".join(traceback.format_exception_only(type(exc), exc))
-    loc = None
-    for fr in reversed(frames):
-        if not _is_library_file(fr.filename):
-            loc = {"file": fr.filename, "line": fr.lineno, "function": fr.name}
-            break
-    return {
-        "type": type(exc).__name__, "message": str(exc)[:4000], "traceback": text[-20000:],
-        "is_oom": is_oom(exc), "step": step, "location": loc,
-    }
+# the former private name of ``Probe.report_error``
+Probe._report_error = Probe.report_error

@@ -32,7 +32,8 @@ import os
 import time
 import weakref
 
-from diag.probe.core import find_ddp
+from diag.probe.hooks import Patches
+from diag.probe.models import find_ddp
 
 MEMORY_EVERY = 10          # steps between two `distributed.memory` events
 UNUSED_CHECK_FORWARDS = 3  # DDP training forwards whose autograd graph is walked for unused params
@@ -83,7 +84,7 @@ def reached_params(outputs: list) -> set[int]:
 class DistributedProbe:
     def __init__(self):
         self.active = False
-        self._patches: list = []
+        self._patches = Patches()
         self._probe = None
         self._models: dict[int, dict] = {}          # probe model id -> record
         self._ddp_refs: dict[int, object] = {}     # probe model id -> weakref(DDP)
@@ -130,17 +131,7 @@ class DistributedProbe:
             probe.emit("set", path="distributed.active", value=True)
 
     def uninstall(self, probe) -> None:
-        for owner, name, orig, kind in reversed(self._patches):
-            try:
-                if kind == "instance":
-                    obj = owner()
-                    if obj is not None and name in obj.__dict__:
-                        del obj.__dict__[name]
-                else:
-                    setattr(owner, name, orig)
-            except Exception:
-                pass
-        self._patches.clear()
+        self._patches.undo()
 
     def on_exit(self, probe, status) -> None:
         if not self.active:
@@ -212,8 +203,7 @@ class DistributedProbe:
                 ext._wait[ext._phase()] += dt
 
         try:
-            object.__setattr__(ddp, "_sync_buffers", _sync_buffers)
-            self._patches.append((weakref.ref(ddp), "_sync_buffers", None, "instance"))
+            self._patches.patch_instance(ddp, "_sync_buffers", _sync_buffers)
         except Exception:
             pass
 
@@ -223,7 +213,7 @@ class DistributedProbe:
         ddp = find_ddp(module)
         if ddp is None:
             return
-        mid = probe._models.get(id(module))
+        mid = probe.model_id(module)
         rec = self._models.get(mid)
         sync = bool(getattr(ddp, "require_backward_grad_sync", True))
         if sync:
@@ -309,7 +299,7 @@ class DistributedProbe:
 
             def make(orig, name):
                 def wrapper(*args, **kwargs):
-                    if probe._forked or not probe.active:
+                    if not probe.is_live():
                         return orig(*args, **kwargs)
                     t0 = time.perf_counter()
                     try:
@@ -328,20 +318,13 @@ class DistributedProbe:
                 wrapper.__doc__ = getattr(orig, "__doc__", None)
                 return wrapper
 
-            self._patches.append((dist, name, orig, "attr"))
-            setattr(dist, name, make(orig, name))
+            self._patches.patch(dist, name, make(orig, name))
 
     def _phase(self) -> str:
         p = self._probe
         if p is None:
             return "other"
-        if p._in_data:
-            return "data"
-        if p._in_backward:
-            return "backward"
-        if p._depth > 0:
-            return "forward"
-        return "other"
+        return p.phase()
 
     # ---- steps -------------------------------------------------------------------------------------
     def on_step_end(self, probe, step) -> None:

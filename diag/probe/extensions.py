@@ -1,7 +1,7 @@
 """Probe extensions installed by default, by dotted path "module:Class".
 
-Each extension is a class instantiated with no arguments; see :mod:`diag.probe.core` for the
-interface. Extensions must be cheap on the hot path and must never raise into the user's code.
+Each extension is a class instantiated with no arguments; see :mod:`diag.probe.context` for the
+interface (``Extension`` hooks, called with a ``ProbeContext``). Extensions must be cheap on the hot path and must never raise into the user's code.
 Disable one with ``DIAG_PROBE_DISABLE=name1,name2`` (the class name, lower case).
 """
 from __future__ import annotations
@@ -38,5 +38,5 @@ class _Broken:
         self.error = error
 
     def install(self, probe):
-        probe._report_error(f"load {self.spec}", self.error)
-        probe.extensions.remove(self)
+        probe.report_error(f"load {self.spec}", self.error)
+        probe.disable(self)

@@ -14,9 +14,13 @@ disable with ``DIAG_PROBE_DISABLE=flopcounter``) it:
 * for a ``torch.compile``d model, does not count (the mode over compiled code is a risk on the user's
   hot path, and fused kernels are invisible to it): the step's FLOPs are 6 x non-embedding parameters
   x tokens (or samples), ``method: "analytic"`` (``DIAG_FLOPS_COMPILED=1`` counts anyway);
-* writes ``flops.measured`` (FLOPs, forward/backward split, samples and tokens, precision, device,
-  catalogue peak) when the step ends, and ``flops.achieved`` (achieved FLOP/s, MFU, HFU, the
-  counter's overhead) a few steps later, every 50 steps, and at exit.
+* writes ``flops.measured`` (FLOPs, forward/backward split, samples and tokens, precision, device
+  type and name) when the step ends, and ``flops.achieved`` (achieved FLOP/s, samples and tokens per
+  second, the counter's overhead) a few steps later, every 50 steps, and at exit.
+
+The probe records, diag judges: nothing here reads the GPU catalogue. MFU and HFU (achieved FLOP/s
+over the device's published peak for the precision) are judged by diag from the recorded device name
+and precision, so ``diag check --from`` re-judges them with a corrected catalogue.
 
 Model FLOPs vs hardware FLOPs: the counter sees what executes. With activation recomputation the
 backward re-runs forwards, so backward > 2x forward; then the model FLOPs are taken as 3x the forward
@@ -31,6 +35,10 @@ import os
 import time
 import weakref
 from typing import Any
+
+from diag.probe.hooks import remove_hooks
+from diag.probe.models import wrappers_of
+from diag.probe.tensors import batch_size_of, grad_tensors
 
 RECOMPUTE_RATIO = 2.2       # backward > 2.2 x forward: recomputed forwards are inside the backward
 EMIT_AFTER = (1, 3, 10)     # emit flops.achieved this many steps after the measured one
@@ -99,14 +107,12 @@ class FlopCounter:
             self._enter(probe)
 
     def on_step_start(self, probe, index: int) -> None:
-        if self.active and probe._step is not None and index >= self.target - 1 and index <= self.target:
-            probe._step.instrumented = True
+        if self.active and probe.current_step is not None and index >= self.target - 1 and index <= self.target:
+            probe.current_step.instrumented = True
             self._instrumented.add(index)
 
     def _count_inputs(self, module, args, kwargs) -> None:
         """Samples and tokens of a counted forward, and the model it ran (described once)."""
-        from diag.probe.core import batch_size_of
-
         if getattr(self._probe_ref() if self._probe_ref else None, "forward_counts_samples", True):
             # the same batches as the step's samples: another model's forward (a GAN's discriminator)
             # adds FLOPs to the step, not samples
@@ -122,7 +128,7 @@ class FlopCounter:
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
         if not ((self.active and self.counter is not None) or self.analytic):
             return
-        step = probe._step
+        step = probe.current_step
         if step is None or step.index != self.target:
             return
         try:
@@ -133,8 +139,6 @@ class FlopCounter:
             total = self.counter.get_total_flops()
             self._fwd_flops += max(0, total - self._fwd_start)
             self._fwd_start = total
-            from diag.probe.core import grad_tensors
-
             for out in grad_tensors(output):
                 out.register_hook(self._bwd_hook)
         except Exception as e:
@@ -153,7 +157,7 @@ class FlopCounter:
             if (self.active or self.analytic) and idx >= self.target:
                 self._finish(probe, idx)
             elif not self.active and not self.analytic and not self.done and not self.failed:
-                early = 2 if probe._manual_mode else 1
+                early = 2 if probe.manual_mode else 1
                 if idx >= self.target - early:
                     if self._compiled(probe) and os.environ.get("DIAG_FLOPS_COMPILED") != "1":
                         self.analytic = True
@@ -198,8 +202,7 @@ class FlopCounter:
     def _pre_hook(self, module, args):
         try:
             probe = self._probe_ref() if self._probe_ref else None
-            if probe is not None and self.counter is not None and probe._depth == 1 \
-                    and module is probe._top_module:
+            if probe is not None and self.counter is not None and probe.is_top_forward(module):
                 self._fwd_start = self.counter.get_total_flops()
         except Exception:
             pass
@@ -230,12 +233,7 @@ class FlopCounter:
     def _exit(self, probe) -> None:
         counter, self.counter = self.counter, None
         self.active = False
-        for h in self._hooks:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._hooks.clear()
+        remove_hooks(self._hooks)
         if counter is None:
             return
         try:
@@ -249,18 +247,18 @@ class FlopCounter:
             if mode is not None and top is not mode:
                 # the script entered a dispatch mode of its own and has not left it: popping now would
                 # pop theirs. Stop counting (the counter stays on the stack until theirs exits).
-                probe._report_error("flopcounter.exit", RuntimeError(
+                probe.report_error("flopcounter.exit", RuntimeError(
                     "another TorchDispatchMode is on top of the FLOP counter; left it in place"))
                 return
             counter.__exit__(None, None, None)
         except Exception as e:
-            probe._report_error("flopcounter.exit", e)
+            probe.report_error("flopcounter.exit", e)
 
     def _fail(self, probe, where: str, e: Exception) -> None:
         self.failed = True
         if self.active:
             self._exit(probe)
-        probe._report_error(f"flopcounter.{where}", e)
+        probe.report_error(f"flopcounter.{where}", e)
 
     def _finish(self, probe, idx: int) -> None:
         counter = self.counter
@@ -293,11 +291,6 @@ class FlopCounter:
         model_flops = 3 * fwd if recompute else flops
         precision, precision_why = self._precision or ("fp32", "float32")
         dev_type, dev_name = self._device or ("cpu", None)
-        gpu_id = peak = peak_note = None
-        if dev_type == "cpu":
-            peak_note = "CPU run: the catalogue has no CPU peaks, so MFU is N/A"
-        else:
-            gpu_id, peak, peak_note = self._peak(dev_name, precision)
         top_modules = dict(sorted(by_module.items(), key=lambda kv: -kv[1])[:12])
         self.measured = {
             "step": self.target, "flops": flops, "model_flops": model_flops,
@@ -308,8 +301,10 @@ class FlopCounter:
             "analytic_flops": analytic, "analytic_basis": "tokens" if units == self._tokens and self._tokens else "samples",
             "ratio_to_analytic": (model_flops / analytic) if analytic else None,
             "precision": precision, "precision_reason": precision_why,
-            "device": dev_type, "device_name": dev_name, "gpu": gpu_id, "peak_flops": peak,
-            "peak_note": peak_note, "world_size": probe.world_size,
+            "device": dev_type, "device_name": dev_name, "world_size": probe.world_size,
+            # no peak here (diag looks it up from device_name and precision); on CPU the reason MFU is
+            # N/A is a fact of the device type, kept for the checks that show it
+            **({"peak_note": "CPU run: the catalogue has no CPU peaks, so MFU is N/A"} if dev_type == "cpu" else {}),
             "compiled": any(m.get("compiled") for m in self._models.values()),
             "by_op": by_op, "by_module": top_modules,
             "instrumented_steps": sorted(self._instrumented),
@@ -328,20 +323,9 @@ class FlopCounter:
     def _compiled(probe) -> bool:
         """Is any model seen so far wrapped by torch.compile? FlopCounterMode over compiled code is
         not worth the risk on the user's hot path (and cannot see fused kernels anyway)."""
-        from diag.probe.core import wrappers_of
-
-        for ref in list(getattr(probe, "_model_refs", {}).values()):
-            try:
-                mod = ref()
-            except Exception:
-                mod = None
-            if mod is not None and "compiled" in wrappers_of(mod)[1]:
-                return True
-        return False
+        return any("compiled" in wrappers_of(mod)[1] for mod in probe.models())
 
     def _describe(self, module) -> dict:
-        from diag.probe.core import wrappers_of
-
         import torch
 
         params = 0
@@ -388,25 +372,6 @@ class FlopCounter:
                 name = "Apple MPS"
             self._device = (dev.type, name)
         return {"params": params, "params_non_embedding": params - emb, "compiled": "compiled" in wrappers}
-
-    def _peak(self, device_name: str | None, precision: str) -> tuple[str | None, float | None, str | None]:
-        from diag.cost.catalog import load_catalog
-        from diag.errors import DiagError
-
-        note = None
-        try:
-            cat = load_catalog()
-        except DiagError as e:
-            cat = load_catalog(user=False)
-            note = f"your GPU catalogue was not used ({e.message})"
-        gpu = cat.match_device(device_name)
-        if gpu is None:
-            return None, None, (f"{device_name!r} is not in the GPU catalogue: add it to "
-                                "~/.config/diag/gpus.toml for MFU")
-        peak = gpu.peak_flops(precision, per="device")
-        if peak is None:
-            return gpu.id, None, f"{gpu.name} has no dense {precision} rate in the catalogue"
-        return gpu.id, peak, note
 
     def _emit_achieved(self, probe) -> None:
         from diag.cost.measured import summarize, timed_totals

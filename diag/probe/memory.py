@@ -32,7 +32,8 @@ import time
 import weakref
 from typing import Any
 
-from diag.probe.core import find_ddp
+from diag.probe.hooks import remove_hooks
+from diag.probe.models import find_ddp
 
 MAX_STEP_RECORDS = 2000
 PEAK_RISE = 0.01            # recompute the breakdown when the running peak rises by more than 1%
@@ -64,7 +65,7 @@ class MemoryProbe:
         self._spec_error: str | None = None
         self._autocast: str | None = None
         self._opts: dict[int, Any] = {}
-        self._hook = None
+        self._hooks: list = []
         self._estimated = False
         self._mark_next = False
         self._persistent_done = False
@@ -78,12 +79,10 @@ class MemoryProbe:
         # a pre-hook: the probe closes the step in its post-hook, which may run before ours
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        self._hook = register_optimizer_step_pre_hook(self._on_opt_step)
+        self._hooks.append(register_optimizer_step_pre_hook(self._on_opt_step))
 
     def uninstall(self, probe) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        remove_hooks(self._hooks)
 
     def _on_opt_step(self, opt, args, kwargs):
         if self._replaying:
@@ -102,8 +101,8 @@ class MemoryProbe:
         self._capture(probe, module, args, kwargs)
 
     def on_step_start(self, probe, index: int) -> None:
-        if self._mark_next and probe._step is not None:
-            probe._step.instrumented = True
+        if self._mark_next and probe.current_step is not None:
+            probe.current_step.instrumented = True
             self._mark_next = False
 
     def on_step_end(self, probe, step: dict) -> None:
@@ -120,7 +119,7 @@ class MemoryProbe:
     def on_exit(self, probe, status) -> None:
         exc = sys.exc_info()[1]
         try:
-            from diag.probe.core import is_oom
+            from diag.probe.frames import is_oom
             oom = status == "oom" or (exc is not None and is_oom(exc))
         except Exception:
             oom = status == "oom"
@@ -140,7 +139,7 @@ class MemoryProbe:
     def _capture(self, probe, module, args, kwargs) -> None:
         import torch
 
-        from diag.memory.replay import InputSpec, ReplayError
+        from diag.probe.replay import InputSpec, ReplayError
 
         try:
             self._model_ref = weakref.ref(module)
@@ -189,7 +188,7 @@ class MemoryProbe:
     # ---- live (CUDA) ------------------------------------------------------------------------------
     def _model(self, probe):
         m = self._model_ref() if self._model_ref is not None else None
-        if m is None and probe.last_model is not None:
+        if m is None:
             m = probe.last_model()
         return m
 
@@ -353,21 +352,17 @@ class MemoryProbe:
         self._estimated = True
         t0 = time.perf_counter()
         result: dict[str, Any]
-        was_active = probe.active
-        probe.active = False          # the replay's forwards and optimizer steps are not the user's
         self._replaying = True
-        try:
-            result = self._plan(probe, budget, exc)
-        except Exception as e:
-            from diag.memory.replay import explain
+        # the replay's forwards and optimizer steps are not the user's: the probe records none of them
+        with probe.paused():
+            try:
+                result = self._plan(probe, budget, exc)
+            except Exception as e:
+                from diag.probe.replay import explain
 
-            result = {"status": "skipped", "reason": explain(e)}
-        finally:
-            probe.active = was_active
-            self._replaying = False
-            for o in list(probe._opt_start):
-                if o not in probe._optimizers:
-                    probe._opt_start.pop(o, None)
+                result = {"status": "skipped", "reason": explain(e)}
+            finally:
+                self._replaying = False
         result["trigger"] = trigger
         result["at_step"] = probe.steps_done
         result["wall_s"] = round(time.perf_counter() - t0, 3)
@@ -375,7 +370,7 @@ class MemoryProbe:
 
     def _plan(self, probe, budget: float, exc=None) -> dict:
         from diag.memory.plan import HEADROOM, make_plan
-        from diag.memory.replay import ReplayError, StepReplay
+        from diag.probe.replay import ReplayError, StepReplay
 
         if self._spec is None:
             reason = self._spec_error or "no training forward was observed, so there is no input batch to replay"
@@ -386,7 +381,7 @@ class MemoryProbe:
         opts = self._all_optimizers()
         set_to_none = None
         for o in opts:
-            info = probe._optimizers.get(id(o)) if hasattr(probe, "_optimizers") else None
+            info = probe.optimizer_info(o, create=False)
             if info and info.get("zero_grad_set_to_none") is not None:
                 set_to_none = info["zero_grad_set_to_none"]
         try:

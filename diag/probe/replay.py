@@ -28,7 +28,8 @@ data-dependent shapes or values (``nonzero``, boolean masks, ``.item()``), custo
 fake/meta kernel, inputs that are not tensors/lists/tuples/dicts/plain values, models sharded by
 FSDP.
 
-This module imports torch; it runs inside the user's process (the probe) or in a benchmark.
+This module imports torch; it runs inside the user's process (the probe) or in a benchmark. The pure
+planning over its results (allowances, batch-size search) is :mod:`diag.memory.plan`.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ import weakref
 from typing import Any, Callable
 
 import torch
+
+from diag.probe.hooks import remove_hooks
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 
@@ -384,7 +387,7 @@ def _user_location(e: BaseException) -> str | None:
     try:
         import traceback
 
-        from diag.probe.core import _is_library_file
+        from diag.probe.frames import is_library_file as _is_library_file
         for fr in reversed(traceback.extract_tb(e.__traceback__)):
             if not _is_library_file(fr.filename):
                 return f"{fr.filename}:{fr.lineno}"
@@ -723,12 +726,7 @@ class _Session:
         del out
 
     def close(self) -> None:
-        for h in self.handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self.handles.clear()
+        remove_hooks(self.handles)
         self.prev_out = self.prev_inputs = None
         self.opts.clear()
         self.state.clear()

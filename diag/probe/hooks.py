@@ -1,0 +1,78 @@
+"""Installing and undoing what the probe adds to torch: hook handles and attribute patches.
+
+Every hook the probe (or an extension) registers and every attribute it patches is undone on
+uninstall, even when undoing one of them fails (the rest are still undone, nothing raises into the
+user's code). Two helpers do it for everyone:
+
+``remove_hooks(handles)``  removes each ``RemovableHandle`` in the list, then empties it.
+``Patches``               records ``owner.name`` before replacing it (``patches.patch(owner, name,
+                          new)``; ``patches.patch_instance(obj, name, new)`` for an attribute set on one
+                          object, held weakly) and restores them all, newest first (``patches.undo()``).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+
+def remove_hooks(handles: list) -> None:
+    """Remove every hook handle in ``handles`` (one that fails to remove is skipped) and empty the
+    list, so a second call does nothing."""
+    for h in handles:
+        try:
+            h.remove()
+        except Exception:
+            pass
+    handles.clear()
+
+
+_ABSENT = object()
+
+
+class Patches:
+    """Attribute patches, undone newest first. A class attribute that was inherited (not in the
+    owner's own ``__dict__``) is deleted on undo, so the inherited one shows through again."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Any, str, Any, bool]] = []   # (owner or weakref, name, original, instance?)
+
+    def patch(self, owner: Any, name: str, new: Any) -> Any:
+        """Replace ``owner.name`` with ``new``; returns the attribute it replaces (None when it was
+        inherited or absent)."""
+        orig = owner.__dict__.get(name, _ABSENT) if hasattr(owner, "__dict__") else getattr(owner, name, _ABSENT)
+        self._items.append((owner, name, orig, False))
+        setattr(owner, name, new)
+        return None if orig is _ABSENT else orig
+
+    def patch_instance(self, obj: Any, name: str, new: Any) -> None:
+        """Set ``name`` on one object (bypassing its ``__setattr__``); undo deletes it again. The
+        object is held weakly: one that is gone by then needs no undoing."""
+        object.__setattr__(obj, name, new)
+        self._items.append((weakref.ref(obj), name, _ABSENT, True))
+
+    def undo(self) -> None:
+        """Restore every patched attribute, newest first; one that fails is skipped."""
+        items, self._items = self._items, []
+        for owner, name, orig, instance in reversed(items):
+            try:
+                if instance:
+                    obj = owner()
+                    if obj is not None and name in obj.__dict__:
+                        del obj.__dict__[name]
+                elif orig is _ABSENT or orig is None:
+                    try:
+                        delattr(owner, name)
+                    except AttributeError:
+                        pass
+                else:
+                    setattr(owner, name, orig)
+            except Exception:
+                pass
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)

@@ -1,0 +1,158 @@
+"""Probe extension for the performance checklist (checks/amp.py, dataloader.py, eval.py, parallel.py,
+tuning.py, sync.py): what those checks need that the core probe does not record.
+
+What it writes (the shapes are documented in docs/performance-checks.md):
+
+``step.extra["pre_forward_s"]``  seconds between the previous step's end and this step's first training
+                                 forward, minus the DataLoader wait and eval forwards in between: work the
+                                 main thread did to build the batch (hand-made batching, ``.to(device)``).
+``amp.scaler``                   GradScaler use: created, enabled, scale()/step() calls, device, where.
+``extras.eval_graph``            per eval-mode forward site that built an autograd graph: the bytes of
+                                 activations the graph kept alive (parameters and inputs excluded), the
+                                 calling line's source text.
+``extras.input_shapes``          per convolutional model: the distinct training input shapes (cudnn.benchmark).
+``extras.data_parallel``         per nn.DataParallel model: its device_ids.
+``extras.optimizers``            per optimizer: parameter device, foreach/fused as given and as torch
+                                 resolves them, which ones its class supports.
+``extras.module_zero_grad``      nn.Module.zero_grad() calls (set_to_none=False ones, time, where).
+``extras.debug``                 steps run with autograd anomaly detection / a profiler on, and where they
+                                 were switched on.
+``extras.compile``               torch.compile calls and compiled models.
+``extras.perf``                  machine facts for amp.availability (CPU capability).
+``sync``                         (CUDA training only) host-device synchronisations counted per step over a
+                                 window of ``SYNC_STEPS`` steps with ``torch.cuda.set_sync_debug_mode("warn")``,
+                                 located in the user's code.
+``extras.copies``                (CUDA training only, same window) host-to-device copies: bytes, and
+                                 ``non_blocking=True`` copies from pageable (unpinned) memory, which are
+                                 synchronous in fact; sync debug mode cannot see those.
+
+Cost on the hot path: per training forward a few attribute reads (plus a shape tuple for
+convolutional models); per step two C calls (anomaly / profiler state); one event at steps
+1, 2, 5, 10, 20, 50 and every 100th. The sync window costs one Python warning per synchronisation
+for ``SYNC_STEPS`` steps, then is switched off. Measured figures: docs/performance-checks.md.
+"""
+from __future__ import annotations
+
+from diag.probe.hooks import Patches, remove_hooks
+from diag.probe.perf._common import MAX_LOCATE, MAX_SITES
+from diag.probe.perf.amp import AmpRecorder
+from diag.probe.perf.eval import EVAL_MEASURE, MAX_GRAPH_NODES, EvalRecorder, graph_saved_bytes
+from diag.probe.perf.parallel import ParallelRecorder
+from diag.probe.perf.sync import SYNC_FIRST_STEP, SYNC_MSG, SYNC_STEPS, SyncRecorder, h2d_target
+from diag.probe.perf.tuning import MAX_SHAPES, TuningRecorder
+
+FLUSH_AT = (1, 2, 5, 10, 20, 50)
+
+
+class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, TuningRecorder):
+    """One extension; each topic's recorder (a module of this package, named after the checks that
+    read it: amp, eval, parallel, sync, tuning) keeps its own state and patches, and this class routes
+    the probe's hooks to them and writes what changed as ``set``/``merge`` events. What
+    checks/dataloader.py needs beyond the core probe (``pre_forward_s``) is measured in ``on_forward``
+    itself; its ``extras.copies`` are counted in the sync window (:mod:`diag.probe.perf.sync`)."""
+
+    def __init__(self):
+        self._probe = None
+        self._torch = None
+        self._patches = Patches()
+        self._hooks: list = []
+        self._dirty: set[str] = set()
+        self._init_amp()
+        self._init_eval()
+        self._init_parallel()
+        self._init_tuning()
+        self._init_sync()
+
+    # ---- install / uninstall -----------------------------------------------------------------------
+    def install(self, probe) -> None:
+        import torch
+
+        self._probe = probe
+        self._torch = torch
+        self._install_amp(probe, torch)
+        self._install_tuning(probe, torch)
+
+    def uninstall(self, probe) -> None:
+        self._close_sync(probe, emit=False)
+        remove_hooks(self._hooks)
+        self._patches.undo()
+
+    def _patch(self, owner, name: str, new, bucket: Patches | None = None) -> None:
+        (self._patches if bucket is None else bucket).patch(owner, name, new)
+
+    def _live(self) -> bool:
+        p = self._probe
+        return p is not None and p.is_live()
+
+    # ---- models and forwards -----------------------------------------------------------------------
+    def on_model(self, probe, module, info) -> None:
+        devices = info.get("devices") or []
+        if any(str(d).startswith("cuda") for d in devices):
+            self._cuda_training = True
+        self._model_parallel(module, info)
+        self._model_tuning(module, info)
+
+    def on_forward(self, probe, module, args, kwargs, output, training) -> None:
+        # step.extra["pre_forward_s"] (checks/dataloader.py), inlined: on_forward is the per-step hot
+        # path. Seconds between the previous step's end and this step's first training forward, minus
+        # the DataLoader wait and eval forwards in between: the main thread's own batch building.
+        st = probe.current_step
+        if st is not None and st.n_forward == 1:
+            # from when the probe finished closing the last step (its own work is not the user's)
+            start = max(st.start, probe.step_closed_at)
+            gap = probe.forward_start - start - st.data_s - st.eval_s
+            st.extra["pre_forward_s"] = round(gap if gap > 0 else 0.0, 7)
+        if self._conv_models:
+            self._input_shape(probe, module, args)
+
+    # ---- steps -------------------------------------------------------------------------------------
+    def on_step_end(self, probe, step) -> None:
+        # tuning's per-step debug count, inlined: on_step_end is the per-step hot path
+        torch = self._torch
+        d = self.debug
+        d["steps"] += 1
+        try:
+            if torch.is_anomaly_enabled():
+                d["anomaly_steps"] += 1
+                self._dirty.add("debug")
+            if torch._C._autograd._profiler_enabled():
+                d["profiler_steps"] += 1
+                self._dirty.add("debug")
+        except Exception:
+            pass
+        index = step.get("index", 0)
+        if self._sync_open or (self._cuda_training and not self._sync_done):   # no call on CPU runs
+            self._sync_step(probe, index)
+        if index in FLUSH_AT or index % 100 == 0:
+            self._flush(probe)
+
+    def on_exit(self, probe, status) -> None:
+        self._close_sync(probe)
+        self._dirty.add("debug")
+        self._flush(probe)
+
+    # ---- events ------------------------------------------------------------------------------------
+    _PATHS = {"scaler": "amp.scaler", "eval_graph": "extras.eval_graph", "input_shapes": "extras.input_shapes",
+              "data_parallel": "extras.data_parallel", "optimizers": "extras.optimizers",
+              "module_zero_grad": "extras.module_zero_grad", "debug": "extras.debug",
+              "compile": "extras.compile", "sync": "sync", "copies": "extras.copies"}
+
+    def _mark(self, name: str, now: bool = False) -> None:
+        self._dirty.add(name)
+        if now and self._probe is not None:
+            self._flush(self._probe)
+
+    def _flush(self, probe) -> None:
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        for name in sorted(dirty):
+            value = getattr(self, name)
+            if name in ("sync",):
+                probe.emit("merge", path=self._PATHS[name], value=value)
+            else:
+                probe.emit("set", path=self._PATHS[name], value=value)
+
+
+__all__ = ["EVAL_MEASURE", "FLUSH_AT", "MAX_GRAPH_NODES", "MAX_LOCATE", "MAX_SHAPES", "MAX_SITES", "PerfProbe",
+           "SYNC_FIRST_STEP", "SYNC_MSG", "SYNC_STEPS", "graph_saved_bytes", "h2d_target"]

@@ -1,0 +1,75 @@
+"""Introspection of tensors: the tensors a forward's inputs or outputs hold (sequences, dicts and
+dataclasses, a few levels deep, a bounded number), and the batch size they imply."""
+from __future__ import annotations
+
+import dataclasses
+
+
+def _children(obj):
+    """The values a forward's input or output holds: a sequence's items, a dict's values, a
+    dataclass's fields (model outputs such as ``Output(loss=..., logits=...)``), at most 8."""
+    if isinstance(obj, (list, tuple)):
+        return obj[:8]
+    if isinstance(obj, dict):
+        return list(obj.values())[:8]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        try:
+            return [getattr(obj, f.name, None) for f in dataclasses.fields(obj)[:8]]
+        except Exception:
+            return ()
+    return ()
+
+
+def _find_tensors(obj, want, out: list, limit: int, depth: int = 0) -> None:
+    import torch
+
+    if len(out) >= limit:
+        return
+    if isinstance(obj, torch.Tensor):
+        if want(obj):
+            out.append(obj)
+        return
+    if depth > 2:
+        return
+    for o in _children(obj):
+        _find_tensors(o, want, out, limit, depth + 1)
+        if len(out) >= limit:
+            return
+
+
+def first_tensor(obj):
+    """The first tensor in a forward's input or output (None when there is none)."""
+    out: list = []
+    _find_tensors(obj, lambda t: True, out, 1)
+    return out[0] if out else None
+
+
+def grad_tensor(obj):
+    """The first tensor in a forward's output that requires grad (None when none does)."""
+    out: list = []
+    _find_tensors(obj, lambda t: t.requires_grad, out, 1)
+    return out[0] if out else None
+
+
+def grad_tensors(obj, limit: int = 8) -> list:
+    """Every tensor (up to ``limit``) in a forward's output that requires grad: a backward may start
+    from any of them (a model returning (features, logits) whose loss uses only the logits)."""
+    out: list = []
+    _find_tensors(obj, lambda t: t.requires_grad, out, limit)
+    return out
+
+
+def batch_size_of(args, kwargs) -> tuple[int | None, int | None, list, list]:
+    """(samples, tokens, shapes, dtypes) from a forward's inputs: samples is dim 0 of the first
+    tensor; tokens is its numel when it is a 2-D integer tensor (token ids)."""
+    t = first_tensor(args) if args else None
+    if t is None and kwargs:
+        t = first_tensor(kwargs)
+    if t is None or t.dim() == 0:
+        return None, None, [], []
+    samples = int(t.shape[0])
+    tokens = None
+    if t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
+        tokens = int(t.numel())
+    return samples, tokens, [list(t.shape)], [str(t.dtype).replace("torch.", "")]
+
