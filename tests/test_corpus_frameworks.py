@@ -1,0 +1,409 @@
+"""Issue 12: verdicts that hold on real jobs. `diag check --format json` runs on each script of
+tests/scripts/corpus/ (real transformers / Lightning / torch.multiprocessing loops, written in each
+framework's documented idiom) and what it reports is held to the ground truth the script documents
+in its header and counts itself (its `CORPUS_TRUTH {...}` line on stderr):
+
+- the step count (per rank),
+- samples (and tokens) per step,
+- phases that add up: data + forward + backward + optimizer + other == step total, every step,
+- the exact set of warnings/errors (none for a clean script; the planted ones for a twin),
+- per case, the relation that class of loop gets wrong (loader roles, child processes, ...).
+
+Assertions that today's diag fails because of an issue-12 bug are xfail(strict=True) with the class
+in the reason: the implementation phase flips them (docs/steps-corpus-baseline.md lists each one
+with the numbers seen). Each script runs once per module (about 16 runs of a few seconds).
+
+`python tests/test_corpus_frameworks.py [CASE ...]` prints what diag says for each case against the
+ground truth (the baseline table's numbers) without pytest.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import run_diag  # noqa: E402
+
+CORPUS = Path(__file__).resolve().parent / "scripts" / "corpus"
+LOUD = ("warning", "error")
+RANK_ORDER = {"info": 1, "warning": 2, "error": 3}
+
+
+@dataclass
+class Case:
+    script: str
+    args: tuple = ()
+    nproc: int = 1
+    steps: int = 0                      # per rank (hogwild: over all children)
+    samples: int | None = None          # per step (per rank)
+    tokens: int | None = None
+    loud: dict = field(default_factory=dict)   # id -> minimum severity; exactly these ids at warning/error
+    found: dict = field(default_factory=dict)  # planted ids that must be reported at >= info
+    truth: dict = field(default_factory=dict)  # what the script's CORPUS_TRUTH line must say
+    needs: str | None = None            # a module the script imports (skip without it)
+    xfail: dict = field(default_factory=dict)  # assertion name -> issue-12 class (today's failures)
+
+
+def _x(cls: str) -> str:
+    return f"issue 12: {cls}"
+
+
+CASES: dict[str, Case] = {
+    "hf_plain": Case(
+        "hf_trainer.py", steps=6, samples=4, tokens=128, needs="transformers",
+        truth={"steps": 6, "samples_per_step": 4, "evaluations": 0},
+        xfail={}),
+    "hf_eval": Case(
+        "hf_trainer.py", ("--eval",), steps=6, samples=4, tokens=128, needs="transformers",
+        truth={"steps": 6, "samples_per_step": 4, "evaluations": 2, "eval_forwards": 8},
+        xfail={}),
+    "hf_accum": Case(
+        "hf_trainer.py", ("--accum", "2"), steps=6, samples=8, tokens=256, needs="transformers",
+        truth={"steps": 6, "samples_per_step": 8, "micro_batches": 2},
+        xfail={}),
+    "hf_ddp": Case(
+        "hf_trainer.py", nproc=2, steps=6, samples=4, tokens=128, needs="transformers",
+        loud={"ddp.find-unused-parameters": "warning"},
+        truth={"steps": 6, "samples_per_step": 4, "world_size": 2},
+        xfail={}),
+    "lightning": Case(
+        "lightning_fit.py", steps=8, samples=16, needs="lightning",
+        truth={"steps": 8, "training_step_calls": 8, "eval_forwards": 8},
+        xfail={}),
+    "lightning_plant": Case(
+        "lightning_fit.py", ("--plant",), steps=8, samples=16, needs="lightning",
+        loud={"debug.anomaly-detection": "warning"},
+        truth={"steps": 8},
+        xfail={}),
+    "lightning_ddp": Case(
+        "lightning_fit.py", ("--ddp",), nproc=2, steps=8, samples=16, needs="lightning",
+        truth={"steps": 8, "world_size": 2},
+        xfail={}),
+    "lbfgs": Case(
+        "lbfgs_closure.py", steps=5, samples=64,
+        truth={"steps": 5, "samples_per_step": 64},
+        xfail={}),
+    "gan": Case(
+        "gan_two_optimizers.py", steps=8, samples=32,
+        truth={"steps": 8, "samples_per_step": 32},
+        xfail={}),
+    "gan_plant": Case(
+        "gan_two_optimizers.py", ("--plant",), steps=8, samples=32, found={"optim.zero-grad": "info"},
+        truth={"steps": 8},
+        xfail={}),
+    "hogwild_fork": Case(
+        "hogwild.py", ("--start-method", "fork"), steps=12, samples=16,
+        truth={"steps": 12, "processes": 2, "parent_steps": 0},
+        xfail={}),
+    "hogwild_spawn": Case(
+        "hogwild.py", ("--start-method", "spawn"), steps=12, samples=16,
+        truth={"steps": 12, "processes": 2, "parent_steps": 0},
+        xfail={}),
+    "lstm_seq_first": Case(
+        "lstm_seq_first.py", steps=6, samples=20, tokens=700,
+        truth={"steps": 6, "samples_per_step": 20, "tokens_per_step": 700},
+        xfail={}),
+    "big_eval": Case(
+        "big_eval_loader.py", steps=10, samples=32,
+        truth={"steps": 10, "eval_forwards": 48, "train_loader_workers": 1},
+        xfail={}),
+    "big_eval_plant": Case(
+        "big_eval_loader.py", ("--plant",), steps=10, samples=32,
+        loud={"dataloader.workers": "warning", "eval.no-grad": "warning"},
+        truth={"steps": 10, "eval_forwards": 48, "train_loader_workers": 0},
+        xfail={}),
+    "manual_update": Case(
+        "manual_update.py", steps=10, samples=64,
+        truth={"steps": 10, "samples_per_step": 64},
+        xfail={}),
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# running a case and reading what diag said
+
+@dataclass
+class Outcome:
+    code: int
+    report: dict
+    evidence: dict
+    truth: dict | None
+    stderr: str
+
+    @property
+    def ranks(self) -> list[dict]:
+        return self.evidence.get("ranks") or []
+
+    def findings(self, severities=LOUD) -> list[dict]:
+        return [f for f in self.report.get("findings", []) if f["severity"] in severities]
+
+
+def run_case(name: str, cwd: Path) -> Outcome:
+    case = CASES[name]
+    cmd = ["check", "--script", str(CORPUS / case.script), "--format", "json", "--fail-on", "never"]
+    if case.nproc > 1:
+        cmd[1:1] = ["--nproc-per-node", str(case.nproc)]
+    if case.args:
+        cmd += ["--", *case.args]
+    r = run_diag(*cmd, cwd=cwd, timeout=420)
+    if r.code != 0:
+        raise AssertionError(f"diag check exited {r.code} on {name}:\n{r.stderr[-4000:]}")
+    report = r.json()
+    evidence = json.loads(Path(report["run"]["evidence"]).read_text())
+    truth = None
+    log = r.stderr
+    log_path = report["run"].get("log")
+    if log_path and Path(log_path).exists():
+        log += Path(log_path).read_text(errors="replace")
+    at = log.find("CORPUS_TRUTH {")
+    if at >= 0:
+        truth, _ = json.JSONDecoder().raw_decode(log, at + len("CORPUS_TRUTH "))
+    return Outcome(r.code, report, evidence, truth, r.stderr)
+
+
+def steps_per_rank(o: Outcome) -> list[int]:
+    return [r["step_stats"]["count"] for r in o.ranks]
+
+
+def step_values(o: Outcome, key: str) -> list:
+    return [s.get(key) for r in o.ranks for s in r["steps"]]
+
+
+def phase_errors(o: Outcome) -> list[tuple[int, int, float, float]]:
+    """(rank, step, sum of phases, total) for every step whose phases do not add up to its total
+    (tolerance: 1 µs + 0.1% of the step)."""
+    bad = []
+    for r in o.ranks:
+        for s in r["steps"]:
+            parts = s["data_s"] + s["forward_s"] + s["backward_s"] + s["optimizer_s"] + s["other_s"]
+            if abs(parts - s["total_s"]) > 1e-6 + 1e-3 * s["total_s"]:
+                bad.append((r["rank"], s["index"], parts, s["total_s"]))
+    return bad
+
+
+def loud_ids(o: Outcome) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for f in o.findings():
+        out.setdefault(f["id"], []).append(f["severity"])
+    return out
+
+
+def describe(name: str, o: Outcome) -> dict:
+    """The numbers the baseline table shows for one case."""
+    samples = [v for v in step_values(o, "samples")]
+    tokens = [v for v in step_values(o, "tokens")]
+    tot = [s["total_s"] for r in o.ranks for s in r["steps"]]
+    parts = [s["data_s"] + s["forward_s"] + s["backward_s"] + s["optimizer_s"] + s["other_s"]
+             for r in o.ranks for s in r["steps"]]
+    ratio = [p / t for p, t in zip(parts, tot) if t > 0]
+    med = {}
+    for k in ("total_s", "data_s", "forward_s", "backward_s", "optimizer_s", "other_s"):
+        vals = [s[k] for r in o.ranks for s in r["steps"]]
+        med[k] = round(statistics.median(vals) * 1000, 2) if vals else None
+    loaders = [{"id": d["id"], "batch_size": d["batch_size"], "num_workers": d["num_workers"],
+                "batches": d["batches"], "wait_s": round(d["wait_s"], 4),
+                "at": _short(d.get("location"))} for d in (o.ranks[0]["dataloaders"] if o.ranks else [])]
+    data_in_steps = round(sum(s["data_s"] for s in (o.ranks[0]["steps"] if o.ranks else [])), 4)
+    return {
+        "case": name, "truth": o.truth, "status": o.report["run"]["status"],
+        "steps_per_rank": steps_per_rank(o),
+        "samples": sorted(set(samples), key=lambda v: (v is None, v)),
+        "tokens": sorted(set(tokens), key=lambda v: (v is None, v)),
+        "n_forward": sorted({s["n_forward"] for r in o.ranks for s in r["steps"]}),
+        "phase_sum_over_total": [round(min(ratio), 3), round(max(ratio), 3)] if ratio else None,
+        "median_ms": med, "loaders": loaders, "data_s_in_steps_rank0": data_in_steps,
+        "eval_s_in_steps": round(sum((s.get("extra") or {}).get("eval_s", 0.0)
+                                     for r in o.ranks for s in r["steps"]), 4),
+        "findings": [{"id": f["id"], "severity": f["severity"], "at": _short(f.get("location")),
+                      "message": f["message"][:300], "fix": (f.get("fix") or "")[:200]}
+                     for f in o.findings(("info", "warning", "error"))],
+    }
+
+
+def _short(loc: dict | None) -> str | None:
+    if not loc:
+        return None
+    f = str(loc.get("file", "?"))
+    if "site-packages" in f:
+        f = "site-packages/" + f.split("site-packages/", 1)[1]
+    else:
+        f = f.rsplit("/", 1)[-1]
+    return f"{f}:{loc.get('line')}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    cache: dict[str, Outcome] = {}
+
+    def get(name: str) -> Outcome:
+        if name not in cache:
+            needs = CASES[name].needs
+            if needs:
+                pytest.importorskip(needs)
+            cache[name] = run_case(name, tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return get
+
+
+def _params(check: str, names=None):
+    out = []
+    for name in names or CASES:
+        cls = CASES[name].xfail.get(check)
+        marks = [pytest.mark.xfail(strict=True, reason=_x(cls))] if cls else []
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
+
+
+@pytest.mark.parametrize("name", _params("truth"))
+def test_script_counts_its_ground_truth(outcome, name):
+    """The corpus itself: each script ran to its end and counted what its header documents."""
+    o = outcome(name)
+    assert o.report["run"]["status"] == "completed", o.stderr[-3000:]
+    assert o.truth is not None, "no CORPUS_TRUTH line in the script's output"
+    for k, v in CASES[name].truth.items():
+        assert o.truth.get(k) == v, (k, o.truth)
+
+
+@pytest.mark.parametrize("name", _params("steps"))
+def test_step_count(outcome, name):
+    case, o = CASES[name], outcome(name)
+    if name.startswith("hogwild"):
+        # followed into the children (their steps seen), or said plainly as an info finding
+        seen = sum(steps_per_rank(o))
+        info = [f for f in o.findings(("info",)) if "child" in f["message"] or "process" in f["message"]]
+        assert seen == case.steps or (seen == 0 and info), (steps_per_rank(o), info)
+        return
+    assert steps_per_rank(o) == [case.steps] * case.nproc
+
+
+@pytest.mark.parametrize("name", _params("samples"))
+def test_samples_per_step(outcome, name):
+    case, o = CASES[name], outcome(name)
+    samples = step_values(o, "samples")
+    assert samples, "no step recorded"
+    assert set(samples) == {case.samples}, sorted(samples, key=str)
+    if case.tokens is not None:
+        assert set(step_values(o, "tokens")) == {case.tokens}
+
+
+@pytest.mark.parametrize("name", _params("phases"))
+def test_phases_add_up(outcome, name):
+    o = outcome(name)
+    assert any(r["steps"] for r in o.ranks), "no step recorded"
+    assert phase_errors(o) == []
+
+
+@pytest.mark.parametrize("name", _params("findings"))
+def test_exact_warnings_and_errors(outcome, name):
+    case, o = CASES[name], outcome(name)
+    loud = loud_ids(o)
+    assert set(loud) == set(case.loud), {f["id"]: (f["severity"], f["message"][:200]) for f in o.findings()}
+    for cid, least in case.loud.items():
+        assert len(loud[cid]) == 1, (cid, loud[cid])   # one finding per cause (deduplicated by location)
+        assert RANK_ORDER[loud[cid][0]] >= RANK_ORDER[least]
+    for cid, least in case.found.items():
+        sev = [f["severity"] for f in o.findings(("info", "warning", "error")) if f["id"] == cid]
+        assert sev and RANK_ORDER[max(sev, key=RANK_ORDER.get)] >= RANK_ORDER[least], (cid, sev)
+    # a finding that has a location points at the user's script, never into an installed package
+    for f in o.findings(("info", "warning", "error")):
+        loc = f.get("location") or {}
+        if loc.get("file"):
+            assert "site-packages" not in loc["file"] and "dist-packages" not in loc["file"], (f["id"], loc)
+
+
+# ---- per-class relations ---------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=_x("1, per-loader evidence: the training loader is judged"))
+def test_big_eval_training_loader_is_judged(outcome):
+    """dataloader.workers judges the loader that feeds the training steps (1 worker), not the
+    larger evaluation loader; the training steps' data wait is the training loader's wait only."""
+    o = outcome("big_eval")
+    (f,) = [f for f in o.report["findings"] if f["id"] == "dataloader.workers"]
+    assert f["evidence"]["num_workers"] == 1, f
+    r = o.ranks[0]
+    train = [d for d in r["dataloaders"] if d["batch_size"] == 32]
+    assert len(train) == 1
+    in_steps = sum(s["data_s"] for s in r["steps"])
+    assert in_steps <= train[0]["wait_s"] + 1e-3, (in_steps, r["dataloaders"])
+
+
+@pytest.mark.xfail(strict=True, reason=_x("1, per-loader evidence: dataloader.workers at the training loader"))
+def test_big_eval_plant_points_at_training_loader(outcome):
+    o = outcome("big_eval_plant")
+    (f,) = [f for f in o.findings() if f["id"] == "dataloader.workers"]
+    src = (CORPUS / "big_eval_loader.py").read_text().splitlines()
+    line = next(i for i, s in enumerate(src, 1) if s.strip().startswith("train_loader = DataLoader("))
+    assert f["location"]["line"] == line and f["evidence"]["num_workers"] == 0, f
+
+
+def test_big_eval_plant_no_grad_at_the_eval_line(outcome):
+    o = outcome("big_eval_plant")
+    found = [f for f in o.findings() if f["id"] == "eval.no-grad"]
+    assert found, o.findings()
+    src = (CORPUS / "big_eval_loader.py").read_text().splitlines()
+    line = next(i for i, s in enumerate(src, 1) if "planted: no torch.no_grad()" in s)
+    assert {f["location"]["line"] for f in found} == {line}
+
+
+@pytest.mark.xfail(strict=True, reason=_x("7, framework vocabulary: fix in TrainingArguments terms"))
+def test_hf_ddp_fix_speaks_training_arguments(outcome):
+    o = outcome("hf_ddp")
+    (f,) = [f for f in o.findings() if f["id"] == "ddp.find-unused-parameters"]
+    assert "ddp_find_unused_parameters=False" in (f.get("fix") or "") + (f.get("snippet") or ""), f
+    assert f["location"] and "site-packages" not in f["location"]["file"], f
+
+
+@pytest.mark.xfail(strict=True, reason=_x("11, manual update is the optimizer phase"))
+def test_manual_update_is_the_optimizer_phase(outcome):
+    o = outcome("manual_update")
+    steps = o.ranks[0]["steps"][1:]
+    assert steps and all(s["optimizer_s"] > 0 for s in steps)
+    # the update (a third of the step) is no longer the bulk of "other"
+    assert statistics.median(s["other_s"] for s in steps) < statistics.median(s["optimizer_s"] for s in steps)
+
+
+@pytest.mark.xfail(strict=True, reason=_x("3, closure optimizers: forwards inside step(closure)"))
+def test_lbfgs_closure_forwards_are_forward_time(outcome):
+    """Every closure call is a forward + backward of the step, and optimizer time excludes them."""
+    o = outcome("lbfgs")
+    calls = o.truth["closure_calls"]
+    steps = o.ranks[0]["steps"]
+    assert [s["n_forward"] for s in steps] == calls
+    for s in steps:
+        assert s["optimizer_s"] < s["total_s"] - s["forward_s"] - s["backward_s"] + 1e-6
+
+
+# ---------------------------------------------------------------------------------------------------
+# the baseline table without pytest
+
+def _main(argv: list[str]) -> int:
+    names = argv or list(CASES)
+    rows = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"corpus-{name}-") as d:
+            try:
+                o = run_case(name, Path(d))
+            except AssertionError as e:
+                print(json.dumps({"case": name, "failed": str(e)[-2000:]}), flush=True)
+                continue
+            row = describe(name, o)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
