@@ -73,36 +73,46 @@ C12 = "12, run.failed location and sanitised text"
 # distributed.straggler: two ranks sharing 2 loaded CPU cores straggle for real (the OS schedules
 # them unevenly); the corpus does not judge that check, it judges the others.
 STRAGGLER = ("distributed.straggler",)
+# dataloader.main-thread-data on a single-process framework run: today the framework's own per-step
+# work before the forward (Lightning's hooks, the Trainer's input preparation) is 3-15% of these tiny
+# steps, so whether today's diag crosses its 10% threshold depends on the machine's load. Class 7's
+# false main-thread-data is held strictly on the DDP cases and lightning_plant (always above it).
+FRAMEWORK_GAP = ("dataloader.main-thread-data",)
 
 CASES: dict[str, Case] = {
     "hf_plain": Case(
-        "hf_trainer.py", steps=6, samples=4, tokens=128, needs="transformers",
-        truth={"steps": 6, "samples_per_step": 4, "evaluations": 0}),
+        "hf_trainer.py", steps=6, samples=4, tokens=128, needs="transformers", tolerate=FRAMEWORK_GAP,
+        truth={"steps": 6, "samples_per_step": 4, "evaluations": 0},
+        xfail={"locations": C7}),
     "hf_eval": Case(
-        "hf_trainer.py", ("--eval",), steps=6, samples=4, tokens=128, needs="transformers",
+        "hf_trainer.py", ("--eval",), steps=6, samples=4, tokens=128, needs="transformers", tolerate=FRAMEWORK_GAP,
         truth={"steps": 6, "samples_per_step": 4, "evaluations": 2, "eval_forwards": 8},
-        train_loader={"id": 1}),
+        train_loader={"id": 1},
+        xfail={"locations": C7}),
     "hf_accum": Case(
-        "hf_trainer.py", ("--accum", "2"), steps=6, samples=8, tokens=256, needs="transformers",
-        truth={"steps": 6, "samples_per_step": 8, "micro_batches": 2}),
+        "hf_trainer.py", ("--accum", "2"), steps=6, samples=8, tokens=256, needs="transformers", tolerate=FRAMEWORK_GAP,
+        truth={"steps": 6, "samples_per_step": 8, "micro_batches": 2},
+        xfail={"locations": C7}),
     "hf_ddp": Case(
         "hf_trainer.py", nproc=2, steps=6, samples=4, tokens=128, needs="transformers",
         loud={"ddp.find-unused-parameters": "warning"}, tolerate=STRAGGLER,
         truth={"steps": 6, "samples_per_step": 4, "world_size": 2},
-        xfail={"findings": C7}),
+        xfail={"findings": C7, "locations": C7}),
     "lightning": Case(
-        "lightning_fit.py", steps=8, samples=16, needs="lightning",
+        "lightning_fit.py", ("--forward-ms", "20"), steps=8, samples=16, needs="lightning",
+        tolerate=FRAMEWORK_GAP,
         truth={"steps": 8, "training_step_calls": 8, "eval_forwards": 8},
-        train_loader={"batch_size": 16}),
+        train_loader={"batch_size": 16},
+        xfail={"phases": C3, "locations": C7}),
     "lightning_plant": Case(
-        "lightning_fit.py", ("--plant",), steps=8, samples=16, needs="lightning",
+        "lightning_fit.py", ("--plant", "--forward-ms", "20"), steps=8, samples=16, needs="lightning",
         loud={"debug.anomaly-detection": "warning"},
         truth={"steps": 8},
-        xfail={"findings": C7, "phases": C3}),
+        xfail={"findings": C7, "phases": C3, "locations": C7}),
     "lightning_ddp": Case(
         "lightning_fit.py", ("--ddp",), nproc=2, steps=8, samples=16, needs="lightning", tolerate=STRAGGLER,
         truth={"steps": 8, "world_size": 2},
-        xfail={"findings": C7, "samples": C7, "phases": C3}),
+        xfail={"findings": C7, "samples": C7, "phases": C3, "locations": C7}),
     "lbfgs": Case(
         "lbfgs_closure.py", steps=5, samples=64,
         truth={"steps": 5, "samples_per_step": 64},
@@ -363,6 +373,19 @@ def test_exact_warnings_and_errors(outcome, name):
         loc = f.get("location") or {}
         if loc.get("file"):
             assert "site-packages" not in loc["file"] and "dist-packages" not in loc["file"], (f["id"], loc)
+
+
+@pytest.mark.parametrize("name", _params("locations", WITH_STEPS))
+def test_recorded_locations_are_the_users_code(outcome, name):
+    """Every place diag records (DataLoaders, forward call sites) is a line of the user's script:
+    under a framework, the script's line that called into it, never a file of the framework."""
+    o = outcome(name)
+    script = CASES[name].script
+    places = [("loader", d.get("location")) for r in o.ranks for d in r["dataloaders"]]
+    places += [("forward " + s["key"], s.get("location")) for r in o.ranks for s in r["forwards"]]
+    wrong = [(what, _short(loc)) for what, loc in places
+             if loc and loc.get("file") and not str(loc["file"]).endswith(script)]
+    assert wrong == []
 
 
 # ---- per-class relations ---------------------------------------------------------------------------

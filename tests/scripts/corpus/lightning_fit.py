@@ -5,6 +5,10 @@ Variants (script arguments):
   (none)            single process on the CPU, --steps 8, batch 16, validation every 4 training batches
                     (limit_val_batches 3) plus Lightning's default sanity check (2 val batches first)
   --plant           the planted twin: Trainer(detect_anomaly=True) (anomaly detection on for the run)
+  --forward-ms 20   the network's forward also takes 20 ms (a sleep standing in for a heavier model),
+                    so the closure's forward outweighs Lightning's own per-step work: a double count
+                    of it shows on every step whatever the machine's load (the corpus tests use it
+                    for the single-process runs)
   under torchrun    `diag check --nproc-per-node 2 --script lightning_fit.py -- --ddp`:
                     Trainer(strategy="ddp", devices=2) on gloo, each rank its DistributedSampler half
 
@@ -27,6 +31,7 @@ GROUND TRUTH (the script prints its own counts on stderr as `CORPUS_TRUTH {...}`
 """
 import argparse
 import os
+import time
 
 import lightning as L
 import torch
@@ -40,13 +45,23 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--ddp", action="store_true")
 p.add_argument("--plant", action="store_true")
+p.add_argument("--forward-ms", type=float, default=0.0)
 args = p.parse_args()
+
+
+class Heavier(nn.Module):
+    """Stands in for the rest of a bigger model: its forward takes --forward-ms."""
+
+    def forward(self, x):
+        if args.forward_ms:
+            time.sleep(args.forward_ms / 1000)
+        return x
 
 
 class Classifier(L.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), Heavier(), nn.Linear(64, 4))
         self.train_batches = 0
         self.val_batches = 0
 
