@@ -23,6 +23,7 @@ GROUND TRUTH (the script prints its own counts on stderr as `CORPUS_TRUTH {...}`
 """
 import argparse
 import os
+import shutil
 import tempfile
 import time
 
@@ -95,5 +96,6 @@ if __name__ == "__main__":
             snapshot = torch.load(ckpt, weights_only=False)
             _, n = evaluate(snapshot, eval_loader)
             eval_forwards += n
+    shutil.rmtree(os.path.dirname(ckpt), ignore_errors=True)
     report(steps=steps, samples_per_step=32, eval_forwards=eval_forwards,
            eval_batches_per_pass=len(eval_loader), train_loader_workers=workers)

@@ -29,6 +29,7 @@ GROUND TRUTH (what a correct `diag check` reports; the script prints its own cou
 """
 import argparse
 import os
+import shutil
 import tempfile
 
 import torch
@@ -94,7 +95,10 @@ trainer = Trainer(
     eval_dataset=RandomTokens(32, 2) if args.eval else None,
     callbacks=[Count()],
 )
-trainer.train()
+try:
+    trainer.train()
+finally:
+    shutil.rmtree(out, ignore_errors=True)
 report(steps=trainer.state.global_step, samples_per_step=args.batch * args.accum,
        tokens_per_step=args.batch * args.accum * args.seq, micro_batches=args.accum,
        evaluations=Count.evaluations, eval_forwards=Count.evaluations * 4,
