@@ -185,6 +185,8 @@ def build(tp: Any, value: Any, path: str) -> Any:
         deeper = [e for e in errors if e.path != path]
         if deeper:
             raise deeper[0]
+        if len(errors) == 1:
+            raise errors[0]
         raise SchemaError(path, type_name(tp), value)
     if tp is Any or tp is object:
         return value
@@ -246,8 +248,11 @@ def build(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SchemaError(path, type_name(tp), value)
-        if isinstance(value, int) and abs(value) >= MAX_INT:
-            raise SchemaError(path, "a number within ±2^63", value)
+        if isinstance(value, int):
+            try:
+                float(value)
+            except OverflowError:
+                raise SchemaError(path, "a finite number", value) from None
         if isinstance(value, float) and not math.isfinite(value):
             raise SchemaError(path, "a finite number", value)
         return value
