@@ -342,3 +342,22 @@ class Check:
     def __call__(self, evidence: Evidence) -> list[Finding]:
         from diag.registry import run_one
         return run_one(self, evidence, timeout=None)
+
+
+# ---- domain helpers ------------------------------------------------------------------------------
+# Pure functions over Evidence that the built-in checks share with diag's reports (the memory planner,
+# the cost engine, the GPU views). Offered here so that a check never reaches into diag's internals;
+# stable within an API major version, but more specialised than the names above.
+
+from diag.cost.formulas import DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, TYPICAL_MFU  # noqa: E402
+from diag.gpu.series import (dev_name, gpu_section, has_devices, label, mean, no_gpu_reason,  # noqa: E402
+                             percentile, run_devices, training_window, window_values)
+from diag.memory.breakdown import expandable_segments_enabled, fragmentation  # noqa: E402
+from diag.memory.oom import parse_oom  # noqa: E402
+from diag.memory.plan import accumulation_plan, accumulation_snippet  # noqa: E402
+
+__all__ += [
+    "DEFAULT_MFU_LLM", "DEFAULT_MFU_OTHER", "TYPICAL_MFU", "dev_name", "gpu_section", "has_devices", "label",
+    "mean", "no_gpu_reason", "percentile", "run_devices", "training_window", "window_values",
+    "expandable_segments_enabled", "fragmentation", "parse_oom", "accumulation_plan", "accumulation_snippet",
+]
