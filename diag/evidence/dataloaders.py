@@ -7,19 +7,19 @@ from typing import Any
 
 @dataclass
 class DataLoaderInfo:
-    id: int = 0
-    num_workers: int = 0
-    pin_memory: bool = False
-    batch_size: int | None = None
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None
-    drop_last: bool = False
-    dataset_type: str = ""
-    dataset_len: int | None = None
-    iterable_dataset: bool = False
+    id: int = 0                           # identity within the rank
+    num_workers: int = 0                  # DataLoader(num_workers=)
+    pin_memory: bool = False              # DataLoader(pin_memory=)
+    batch_size: int | None = None         # DataLoader(batch_size=)
+    persistent_workers: bool = False      # DataLoader(persistent_workers=)
+    prefetch_factor: int | None = None    # DataLoader(prefetch_factor=)
+    drop_last: bool = False               # DataLoader(drop_last=)
+    dataset_type: str = ""                # the dataset's class name
+    dataset_len: int | None = None        # len(dataset) when it has one
+    iterable_dataset: bool = False        # an IterableDataset
     location: dict | None = None        # where the script iterated it
     epochs: int = 0                     # iterators created
-    batches: int = 0
+    batches: int = 0                      # batches fetched
     wait_s: float = 0.0                 # total time in __next__
     first_batch_s: list[float] = field(default_factory=list)  # per epoch (iterator), first __next__
-    max_wait_s: float = 0.0
+    max_wait_s: float = 0.0               # the longest wait for one batch

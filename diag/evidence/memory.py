@@ -14,7 +14,7 @@ class MemoryDevice(Section):
     index: int | None = None            # CUDA device index
     name: str | None = None             # torch.cuda.get_device_properties().name
     total: int | None = None            # device memory [bytes]
-    capability: list[int] | None = None  # [major, minor]
+    capability: list[int] | None = None  # compute capability (major, minor)
 
 
 class MemorySection(Section):

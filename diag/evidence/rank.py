@@ -28,22 +28,22 @@ _RANK_SECTIONS = {"memory": MemorySection, "flops": FlopsSection, "amp": AmpSect
 
 @dataclass
 class RankEvidence:
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    host: str = ""
-    pid: int | None = None
-    started_at: float | None = None
+    rank: int = 0                         # global rank
+    local_rank: int = 0                   # rank on its host
+    world_size: int = 1                   # processes in the job
+    host: str = ""                        # host name
+    pid: int | None = None                # process id
+    started_at: float | None = None       # unix time the probe started in it
     status: str = "running"             # as RunInfo.status, for this process
-    exit_code: int | None = None
+    exit_code: int | None = None          # as RunInfo.exit_code
     steps: list[StepRecord] = field(default_factory=list)     # newest MAX_STEPS_KEPT
-    step_stats: StepStats = field(default_factory=StepStats)
-    dataloaders: list[DataLoaderInfo] = field(default_factory=list)
-    models: list[ModelInfo] = field(default_factory=list)
-    forwards: list[ForwardSite] = field(default_factory=list)
-    optimizers: list[OptimizerInfo] = field(default_factory=list)
-    backward_calls: int = 0
-    exceptions: list[ExceptionInfo] = field(default_factory=list)
+    step_stats: StepStats = field(default_factory=StepStats)  # sums over every step
+    dataloaders: list[DataLoaderInfo] = field(default_factory=list)  # every DataLoader iterated
+    models: list[ModelInfo] = field(default_factory=list)  # every module called as a top-level forward
+    forwards: list[ForwardSite] = field(default_factory=list)  # top-level forwards grouped by model, call site and mode
+    optimizers: list[OptimizerInfo] = field(default_factory=list)  # torch.optim optimizers stepped
+    backward_calls: int = 0               # backward passes through a model's output
+    exceptions: list[ExceptionInfo] = field(default_factory=list)  # exceptions (at most 20)
     # Sections filled by probe extensions (typed: diag/evidence/<section>.py; docs/evidence.md).
     memory: MemorySection = field(default_factory=MemorySection)  # CUDA allocator stats, breakdown, OOM, estimate
     flops: FlopsSection = field(default_factory=FlopsSection)    # FlopCounterMode over one real step

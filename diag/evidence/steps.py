@@ -9,14 +9,14 @@ from typing import Any
 class StepRecord:
     index: int = 0              # 1-based training step number
     t: float = 0.0              # seconds since the rank's probe started, at the step's end
-    total_s: float = 0.0
+    total_s: float = 0.0                  # the whole step
     data_s: float = 0.0         # waiting in DataLoader.__next__
     forward_s: float = 0.0      # top-level training forwards
-    backward_s: float = 0.0
-    optimizer_s: float = 0.0
+    backward_s: float = 0.0               # from the first gradient reaching the model's output to the end of the backward pass
+    optimizer_s: float = 0.0              # optimizer.step()
     other_s: float = 0.0        # the rest (loss, logging, hand-made batching, ...)
-    n_forward: int = 0
-    n_backward: int = 0
+    n_forward: int = 0                    # training forwards in the step
+    n_backward: int = 0                   # backward passes in the step
     samples: int | None = None  # the step's batch: dim 0 of its first training forward's input, summed
                                 # over its micro-batches (every training forward at that call site)
     tokens: int | None = None   # samples x sequence length, for integer (token) inputs
@@ -38,13 +38,13 @@ class StepRecord:
 @dataclass
 class StepStats:
     """Aggregates over every step (not just the kept ones)."""
-    count: int = 0
+    count: int = 0                        # steps observed
     timed: int = 0              # steps included in the sums (not instrumented)
-    total_s: float = 0.0
-    data_s: float = 0.0
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    optimizer_s: float = 0.0
-    other_s: float = 0.0
-    samples: int = 0
-    tokens: int = 0
+    total_s: float = 0.0                  # sum over the timed steps
+    data_s: float = 0.0                   # sum over the timed steps
+    forward_s: float = 0.0                # sum over the timed steps
+    backward_s: float = 0.0               # sum over the timed steps
+    optimizer_s: float = 0.0              # sum over the timed steps
+    other_s: float = 0.0                  # sum over the timed steps
+    samples: int = 0                      # sum over every step
+    tokens: int = 0                       # sum over every step
