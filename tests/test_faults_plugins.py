@@ -250,3 +250,10 @@ def test_plugin_check_is_at_most_15_lines():
     src = (EXAMPLE / "src" / "diag_example_plugin" / "checks.py").read_text().strip().splitlines()
     assert len(src) <= 15
     assert Registry.discover(load_plugins=False) is not None
+
+
+def test_readme_and_plugins_guide_show_the_example_check():
+    code = (EXAMPLE / "src" / "diag_example_plugin" / "checks.py").read_text().strip()
+    for doc in (REPO / "README.md", REPO / "docs" / "plugins.md"):
+        text = doc.read_text()
+        assert code.split("\n", 1)[1].strip() in text, f"{doc.name} does not show examples/.../checks.py as it is"
