@@ -152,6 +152,7 @@ class Registry:
         they are listed from their entry-point metadata in ``plugins``)."""
         from importlib.metadata import entry_points
 
+        check_timeout()   # a bad DIAG_CHECK_TIMEOUT is a usage error before anything runs
         reg = cls()
         owner: dict[str, str] = {}   # check id -> source that declared it first
         eps = list(entry_points(group=ENTRY_POINT_GROUP))

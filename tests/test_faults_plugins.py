@@ -257,3 +257,9 @@ def test_readme_and_plugins_guide_show_the_example_check():
     for doc in (REPO / "README.md", REPO / "docs" / "plugins.md"):
         text = doc.read_text()
         assert code.split("\n", 1)[1].strip() in text, f"{doc.name} does not show examples/.../checks.py as it is"
+
+
+def test_a_bad_check_timeout_is_refused_before_anything_runs(tmp_path):
+    r = run_diag("check", "--from", str(evidence_file(tmp_path)), env={"DIAG_CHECK_TIMEOUT": "-1"}, cwd=tmp_path)
+    assert r.code == 2 and "Traceback" not in r.stderr
+    assert "DIAG_CHECK_TIMEOUT='-1' must be a positive number of seconds" in r.stderr
