@@ -217,8 +217,11 @@ def example_site(tmp_path_factory):
     """pip-install examples/diag-example-plugin into a private directory (offline, no dependencies),
     so that the example is installed exactly as a user would, without touching the shared venv."""
     site = tmp_path_factory.mktemp("example-site")
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                        "--disable-pip-version-check", "--no-index", "--target", str(site), str(EXAMPLE)],
+    import importlib.util
+    # offline when the venv has setuptools (the example's build backend); otherwise pip fetches it
+    offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *offline,
+                        "--disable-pip-version-check", "--target", str(site), str(EXAMPLE)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     return site
