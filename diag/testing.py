@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.evidence import (DataLoaderInfo, DeviceInfo, Evidence, ExceptionInfo, ForwardSite, ModelInfo,
-                           RankEvidence, StepRecord)
+                           StepRecord)
 from diag.findings import Finding
 
 __all__ = ["EvidenceBuilder", "run_check"]

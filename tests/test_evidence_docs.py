@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from pathlib import Path
 
 from conftest import REPO
 from diag.evidence import Evidence, Section

@@ -63,5 +63,5 @@ __all__ = [
     "RankEvidence", "StepRecord", "StepStats", "DataLoaderInfo", "ModelInfo", "ForwardSite", "OptimizerInfo",
     "ExceptionInfo", "MemorySection", "MemoryDevice", "FlopsSection", "FlopsMeasured", "AmpSection",
     "SyncSection", "DistributedSection", "ExtrasSection", "GpuTelemetry", "MemoryPlan", "Section",
-    "SchemaError", "load_evidence", "median",
+    "SchemaError", "load_evidence", "median", "build", "_json_default", "_from_dict", "_median",
 ]
