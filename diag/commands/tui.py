@@ -87,6 +87,11 @@ def run(args) -> int:
         raise DiagError("--memory-plan needs a script to run (--script PATH)")
     if args.memory_plan:
         memory_plan_env(args.memory_plan)          # an unknown GPU is a usage error, before anything runs
+    evidence = None
+    if args.from_:
+        from diag.evidence import load_evidence
+
+        evidence = load_evidence(args.from_)       # a bad file is reported as such, terminal or not
     if not _interactive():
         raise DiagError(NO_TTY)
 
@@ -94,9 +99,6 @@ def run(args) -> int:
 
     run = None
     if args.from_:
-        from diag.evidence import load_evidence
-
-        evidence = load_evidence(args.from_)
         source = ReplaySource(evidence, path=args.from_)
         gpu = build_gpu(args, replay_evidence=evidence)
     elif args.script:
