@@ -74,15 +74,17 @@ def _what_waits(stack: tuple[Frame, ...]) -> str:
     for name, file in reversed(names):
         if "/torch/distributed/" in file:
             return f"the collective {name.rsplit('.', 1)[-1]} (torch.distributed)"
-    for name, file in reversed(names):
-        if "/torch/utils/data/" in file:
-            return "the DataLoader (waiting for a batch)"
-        if file.endswith("/queue.py") and name.endswith("get"):
-            return "a queue.Queue.get() with no timeout"
-        if file.endswith("/multiprocessing/queues.py"):
-            return "a multiprocessing queue"
-        if file.endswith("/threading.py") and ("wait" in name or "acquire" in name or "join" in name):
-            return f"threading ({name})"
+    rules = (
+        (lambda n, f: "/torch/utils/data/" in f, lambda n: "the DataLoader (waiting for a batch)"),
+        (lambda n, f: f.endswith("/queue.py") and n.endswith("get"), lambda n: "a queue.Queue.get() with no timeout"),
+        (lambda n, f: f.endswith("/multiprocessing/queues.py"), lambda n: "a multiprocessing queue"),
+        (lambda n, f: f.endswith("/threading.py") and ("wait" in n or "acquire" in n or "join" in n),
+         lambda n: f"threading ({n})"),
+    )
+    for test, say in rules:
+        for name, file in reversed(names):
+            if test(name, file):
+                return say(name)
     leaf = stack[-1] if stack else None
     code = line_text(leaf) if leaf else ""
     if re.search(r"\.acquire\(|with\s+\w*lock", code, re.IGNORECASE):
@@ -183,12 +185,18 @@ def summarise_worker(threads: list[ThreadSamples], pid: int) -> dict:
     for s in th.stacks:
         if not s:
             continue
-        leaf = s[-1]
-        waiting = leaf.file.endswith(_WORKER_IDLE) and not any(
-            "/torch/utils/data/_utils/fetch.py" in f.file or is_user_frame(f) for f in s)
-        if not waiting:
+        # a forked worker carries its parent's frames above the fork: look below the worker loop only
+        start = 0
+        for i, f in enumerate(s):
+            if "/torch/utils/data/_utils/worker.py" in f.file:
+                start = i + 1
+                break
+        own = s[start:] or s[-1:]
+        leaf = own[-1]
+        working = any("/torch/utils/data/_utils/fetch.py" in f.file or is_user_frame(f) for f in own)
+        if working or not leaf.file.endswith(_WORKER_IDLE):
             busy += 1
-            u = user_line(list(s)) or leaf
+            u = user_line(list(own)) or leaf
             tops[(u.file, u.line, u.name)] += 1
     n = len(th.stacks)
     top = []

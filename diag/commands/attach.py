@@ -148,8 +148,7 @@ def run(args) -> int:
     ev = gather(args)
     findings = judge(ev, _split(args.select), _split(args.ignore))
     code = exit_code_for(ev, findings, args.fail_on)
-    from diag.report.json import render_json
-    text_json = render_json(ev, findings, code)
+    text_json = report_json(ev, findings, code)
     if ev.run.run_dir and not args.from_:
         try:
             (Path(ev.run.run_dir) / "report.json").write_text(text_json)
@@ -170,6 +169,20 @@ def run(args) -> int:
             render_text(ev, findings, rec, verbose=args.verbose)
             _write(args.output, rec.export_text())
     return code
+
+
+def report_json(ev, findings, code: int) -> str:
+    """diag check's JSON report plus ``source: "attach"`` and what each process did (``attach``: one
+    entry per sampled process, the shape of ``ranks[].extras.attach`` in docs/attach.md)."""
+    import json
+
+    from diag.attach.evidence import attach_section
+    from diag.report.json import report_dict
+
+    d = report_dict(ev, findings, code)
+    d["source"] = "attach"
+    d["attach"] = [dict(rank=r.rank, **attach_section(r)) for r in ev.ranks]
+    return json.dumps(d, indent=1, default=str)
 
 
 def _write(path: str, text: str) -> None:

@@ -51,7 +51,7 @@ total = 0.0
 with open(PROGRESS, "a", buffering=1) as out:
     for step, (x, y) in enumerate(loader, 1):
         if MODE == "balanced":
-            for _ in range(4):
+            for _ in range(8):
                 loss = nn.functional.mse_loss(model(x), y)
                 loss.backward()
         else:
