@@ -90,9 +90,24 @@ def line_text(f: Frame) -> str:
     if not f.file or f.line <= 0:
         return ""
     try:
-        return linecache.getline(f.file, f.line).strip()
+        text = linecache.getline(f.file, f.line).strip()
     except Exception:
         return ""
+    return _strip_comment(text)
+
+
+def _strip_comment(text: str) -> str:
+    """The line without a trailing ``# comment`` (a ``#`` inside a string literal is kept)."""
+    quote = None
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and text[i - 1] != "\\":
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            return text[:i].rstrip()
+    return text
 
 
 def frame_phase(f: Frame) -> str | None:

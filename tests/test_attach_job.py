@@ -1,0 +1,53 @@
+"""diag attach --job on a real 2-rank gloo job under torchrun where rank 1 sleeps in its loop."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diag.cli import main
+
+pytestmark = pytest.mark.slow
+TARGET = Path(__file__).parent / "attach_targets" / "ddp_target.py"
+
+
+@pytest.fixture
+def job(tmp_path):
+    progress = tmp_path / "progress"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(TARGET), str(progress)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    try:
+        deadline = time.time() + 240
+        while not all(Path(f"{progress}.{r}").exists() and Path(f"{progress}.{r}").stat().st_size > 40
+                      for r in (0, 1)):
+            assert proc.poll() is None, f"torchrun exited with {proc.returncode}"
+            assert time.time() < deadline, "the job made no step in 240 s"
+            time.sleep(0.3)
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)      # torchrun and both ranks
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
+def test_job_names_the_sleeping_rank(job, capsys):
+    code = main(["attach", "--job", str(job.pid), "--duration", "4", "--format", "json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert [a["rank"] for a in rep["attach"]] == [0, 1]
+    f = [x for x in rep["findings"] if x["id"] == "distributed.straggler"][0]
+    assert f["severity"] == "warning", f
+    assert f["evidence"]["odd_rank"] == 1
+    assert "rank 1 is the straggler" in f["message"]
+    assert f["location"]["line"] and "sleep" in TARGET.read_text().splitlines()[f["location"]["line"] - 1]
+    assert job.poll() is None
+    assert code == 0
