@@ -78,8 +78,8 @@ def _not_attached(cid: str, title: str):
 @check(id="run.hung", title="The job is stuck", severity="error", needs=["ranks.extras.attach.main"],
        tags=["run", "attach"], docs=DOCS)
 def run_hung(ev):
-    """The main thread of a sampled process showed the same stack for the whole window (at least 95%
-    of its samples, the first and the last among them): the job is stuck there (a lock, a blocking
+    """The main thread of a sampled process showed the same stack for the whole window (every sample,
+    1 in 100 excepted; not a ``sleep``): the job is stuck there (a lock, a blocking
     queue get, a collective that another rank never joins). Error, with the line, what it waits on
     and for how long at least. Warning when the stack moved but no step-like cycle (data -> forward ->
     backward -> optimizer and back) was seen in the window."""

@@ -41,7 +41,7 @@ def job(tmp_path):
 
 
 def test_job_names_the_sleeping_rank(job, capsys):
-    code = main(["attach", "--job", str(job.pid), "--duration", "4", "--format", "json"])
+    code = main(["attach", "--job", str(job.pid), "--duration", "4", "--rate", "100", "--format", "json"])
     rep = json.loads(capsys.readouterr().out)
     assert [a["rank"] for a in rep["attach"]] == [0, 1]
     f = [x for x in rep["findings"] if x["id"] == "distributed.straggler"][0]

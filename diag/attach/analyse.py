@@ -16,7 +16,6 @@ from diag.attach.phases import (
 
 _PROFILE_NAME = re.compile(r"Process\s+(\d+)\s+Thread\s+(\d+)(?:\s+\"(.*)\")?", re.IGNORECASE)
 
-STUCK_SHARE = 0.95        # share of the window's main-thread samples on one identical stack
 MIN_STUCK_SAMPLES = 10
 MAX_LINES = 10
 
@@ -99,19 +98,12 @@ def _what_waits(stack: tuple[Frame, ...]) -> str:
 
 
 def count_cycles(phases: list[str]) -> int:
-    """Step-like cycles: how often the main thread came back to the phase that starts its steps
-    (the first training phase seen) after being in another phase."""
+    """Step-like cycles: how many times the main thread entered a training phase (data, forward,
+    backward, optimizer) coming from another phase; 0 when it never changed phase."""
     runs = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
-    starts = [p for p in runs if p in TRAINING_PHASES]
-    if not starts:
+    if len(runs) < 2:
         return 0
-    first = starts[0]
-    # the step's first phase: data when the loop visibly waits for data, else forward
-    if "data" in runs:
-        first = "data"
-    elif "forward" in runs:
-        first = "forward"
-    return max(0, sum(1 for p in runs if p == first) - 1)
+    return sum(1 for i, p in enumerate(runs) if i > 0 and p in TRAINING_PHASES)
 
 
 def summarise_main(th: ThreadSamples, rate: float) -> dict:
@@ -146,7 +138,10 @@ def summarise_main(th: ThreadSamples, rate: float) -> dict:
     stuck = None
     if n >= MIN_STUCK_SAMPLES:
         stack, c = Counter(th.stacks).most_common(1)[0]
-        if c / n >= STUCK_SHARE and th.stacks[0] == stack and th.stacks[-1] == stack:
+        # stuck: one stack in every sample (1 in 100 may differ: a torn non-blocking read), and not a
+        # sleep (a loop that sleeps between short bursts of work looks the same at a low rate)
+        sleeping = bool(stack) and "sleep(" in line_text(stack[-1])
+        if c >= n - n // 100 and th.stacks[0] == stack and th.stacks[-1] == stack and not sleeping:
             u = user_line(list(stack))
             leaf = stack[-1] if stack else None
             stuck = {"samples": c, "share": round(c / n, 4), "seconds_at_least": round(n / rate, 1) if rate else None,
