@@ -6,6 +6,7 @@ documents as well as real recordings.
 """
 from __future__ import annotations
 
+import linecache
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ def count_cycles(phases: list[str]) -> int:
 
 def summarise_main(th: ThreadSamples, rate: float) -> dict:
     """The main thread of one training process over the window."""
+    linecache.checkcache()        # the user's files may have changed since an earlier window
     n = len(th.stacks)
     phases = [classify(list(s)) for s in th.stacks]
     counts = Counter(phases)
