@@ -258,7 +258,7 @@ def attach_dataloader_workers(ev):
                    "workers_busy_share": None if mean_busy is None else round(mean_busy, 3),
                    "workers_cpu_percent": None if mean_cpu is None else round(mean_cpu, 1),
                    "worker_top": wtop, "data_lines": data_lines[:3]}
-        wtext = (f"{len(workers)} worker(s) busy {pct(mean_busy)} of their samples"
+        wtext = (f"{len(workers)} worker(s) work in {pct(mean_busy or 0)} of their samples"
                  + (f", {mean_cpu:.0f}% CPU each" if mean_cpu is not None else "")) if workers else "no worker process"
         if data < DATA_INFO:
             msg = f"{_label(ev, r)} waits for data in {pct(data)} of {n} samples"
@@ -274,6 +274,12 @@ def attach_dataloader_workers(ev):
                    f"(no DataLoader worker: num_workers=0), hottest at {where}.")
             fix = "Load batches in worker processes: DataLoader(..., num_workers=4, pin_memory=True, " \
                   "persistent_workers=True); size num_workers to the CPU cores per GPU."
+        elif saturated and mean_cpu is not None and mean_cpu < 50:
+            msg = (f"{_label(ev, r)} waits for the DataLoader in {pct(data)} of {n} samples while its {wtext}: "
+                   "the workers always have work but get little CPU, so the machine's cores are contended"
+                   + (f" (busiest in {_where(wtop)})" if wtop else "") + ".")
+            fix = "More workers will not help while the cores are busy: find what else uses the CPUs (other jobs, " \
+                  "torch intra-op threads: torch.set_num_threads), or make __getitem__/transforms cheaper."
         elif saturated:
             msg = (f"{_label(ev, r)} waits for the DataLoader in {pct(data)} of {n} samples while its {wtext}: "
                    "the workers are saturated" + (f" (busiest in {_where(wtop)})" if wtop else "") + ".")

@@ -108,6 +108,9 @@ def render_text(evidence, findings, console: Console, verbose: bool = False) -> 
         if f.severity.rank >= Severity.INFO.rank:
             console.print(render_finding(f))
     rest = [f for f in findings if f.severity in (Severity.PASS, Severity.SKIPPED)]
+    unobservable = [f for f in rest if (f.evidence or {}).get("reason") == "not observable by sampling"]
+    if not verbose:
+        rest = [f for f in rest if f not in unobservable]
     if rest:
         table = Table(show_header=False, box=None, pad_edge=False, expand=not verbose)
         table.add_column(min_width=8, no_wrap=True)
@@ -117,6 +120,10 @@ def render_text(evidence, findings, console: Console, verbose: bool = False) -> 
             style, label = STYLE[f.severity]
             table.add_row(Text(label, style=style), f.id, f.message)
         console.print(table)
+    if unobservable and not verbose:
+        console.print(Text(f"SKIPPED   {len(unobservable)} checks not observable by sampling (they read what only "
+                           "diag check's probe records; -v lists them): "
+                           + ", ".join(f.id for f in unobservable), style="dim"))
     summary = Text("\n")
     for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS, Severity.SKIPPED):
         n = sum(1 for f in findings if f.severity is s)

@@ -2,7 +2,8 @@
 
     python train_target.py MODE PROGRESS_FILE
 
-Modes: steady (compute-bound, no worker: the benchmark's target), starved (slow __getitem__, num_workers=0), balanced (cheap data, 2 workers, compute-bound),
+Modes: steady (compute-bound, no worker: the benchmark's target), starved (slow __getitem__, num_workers=0), saturated (the
+same with 2 workers, both busy), balanced (cheap data, 2 workers, compute-bound),
 item (a per-step .item() on a line that also reduces a large tensor), stuck-lock (blocks forever on
 a lock after a few steps), stuck-queue (blocks forever on queue.get()). Every step appends
 "<step> <time>" to PROGRESS_FILE so a test can measure the step rate from outside.
@@ -39,6 +40,8 @@ model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReL
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 if MODE == "steady":
     loader = DataLoader(Slow(0.0), batch_size=32, num_workers=0)
+elif MODE == "saturated":
+    loader = DataLoader(Slow(0.004), batch_size=8, num_workers=2)
 elif MODE == "starved":
     loader = DataLoader(Slow(0.004), batch_size=8, num_workers=0)
 elif MODE == "balanced":
