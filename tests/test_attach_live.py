@@ -172,7 +172,7 @@ def test_stuck_is_hung_with_its_line(target, capsys, mode, waits):
 
 def test_text_report(target, capsys):
     t = target("starved")
-    code = main(["attach", str(t.pid), "--duration", 2])
+    code = main(["attach", str(t.pid), "--duration", "2"])
     out = capsys.readouterr().out
     assert "dataloader.workers" in out and "hottest lines" in out
     assert code == 0
