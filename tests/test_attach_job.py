@@ -33,11 +33,25 @@ def job(tmp_path):
             time.sleep(0.3)
         yield proc
     finally:
+        import psutil
+
+        # the ranks run in their own process groups: kill every descendant by PID, then torchrun
         try:
-            os.killpg(proc.pid, signal.SIGKILL)      # torchrun and both ranks
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            kids = []
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.wait(timeout=30)
+        psutil.wait_procs(kids, timeout=30)
+        assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_job_names_the_sleeping_rank(job, capsys):
