@@ -325,3 +325,24 @@ def test_from_rejects_probe_evidence(tmp_path, capsys):
     Evidence().save(p)
     assert main(["attach", "--from", str(p)]) == 2
     assert "not written by diag attach" in capsys.readouterr().err
+
+
+def test_gpu_low_utilization_from_simulated_telemetry():
+    """The GPU side through diag.gpu: a window's telemetry from the simulated 'starved' scenario."""
+    from diag.attach.judge import judge
+    from diag.gpu import SimulatedProvider
+    from diag.gpu.sampler import Sampler
+
+    clock = iter(range(1000))
+    prov = SimulatedProvider("starved", clock=lambda: float(next(clock)))
+    s = Sampler(prov, interval=1.0, host=False)
+    s.track(os.getpid())
+    for _ in range(8):
+        s.sample_once()
+    ev = _evidence({"data": 0.7, "forward": 0.2, "backward": 0.1})
+    ev.gpu = s.to_evidence()
+    ev.run.simulated_gpus = "starved"
+    f = _by_id(judge(ev))["gpu.low-utilization"]
+    assert len(f) == 1 and f[0].severity.value == "warning", f
+    assert "simulated" in f[0].message and "data" in f[0].message
+    assert f[0].evidence["cause_phase"] == "data"

@@ -93,7 +93,10 @@ def line_text(f: Frame) -> str:
         text = linecache.getline(f.file, f.line).strip()
     except Exception:
         return ""
-    return _strip_comment(text)
+    return _CTRL.sub("?", _strip_comment(text))[:200]
+
+
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")     # from the user's file: never raw to a terminal
 
 
 def _strip_comment(text: str) -> str:
