@@ -176,3 +176,33 @@ def test_text_report(target, capsys):
     out = capsys.readouterr().out
     assert "dataloader.workers" in out and "hottest lines" in out
     assert code == 0
+
+
+def test_ctrl_c_reports_what_was_sampled_and_leaves_nothing(target):
+    import psutil
+
+    t = target("starved")
+    diag = subprocess.Popen([str(Path(PY).parent / "diag"), "attach", str(t.pid), "--duration", "60",
+                             "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 60
+        kids = []
+        while not kids and time.time() < deadline:          # wait for py-spy to be sampling
+            kids = psutil.Process(diag.pid).children(recursive=True)
+            time.sleep(0.2)
+        assert kids, "py-spy was not started"
+        time.sleep(3)
+        diag.send_signal(signal.SIGINT)
+        out, err = diag.communicate(timeout=60)
+    finally:
+        if diag.poll() is None:
+            diag.kill()
+            diag.wait()
+    assert diag.returncode == 130, err
+    rep = json.loads(out)                                   # stdout is data only, even when interrupted
+    assert rep["run"]["status"] == "interrupted"
+    assert rep["attach"][0]["main"]["samples"] > 10
+    psutil.wait_procs(kids, timeout=10)
+    assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+    assert t.proc.poll() is None                            # the target was never signalled

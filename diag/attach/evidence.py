@@ -43,6 +43,9 @@ def window_to_evidence(w) -> Evidence:
         simulated_gpus=w.simulated_gpus,
     )
     run.source = "attach"
+    if getattr(w, "interrupted", False):
+        run.status = "interrupted"
+        run.stop_reason = f"sampling interrupted by Ctrl-C after {w.duration_s:.1f} s (the job was not touched)"
     env = Environment(python=platform.python_version(), platform=platform.platform(), hostname=socket.gethostname(),
                       cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                       cpu_count_logical=os.cpu_count())

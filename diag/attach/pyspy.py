@@ -156,6 +156,7 @@ class Recording:
         if subprocesses:
             cmd.append("--subprocesses")
         self.command = cmd
+        self.interrupted = False
         self._err = open(os.path.join(self._dir, "stderr.txt"), "w+")
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._err, stderr=self._err,
@@ -181,6 +182,8 @@ class Recording:
             self.proc.wait()
 
     def wait(self) -> dict:
+        """The speedscope document. On Ctrl-C, py-spy is asked to finish and what it sampled so far
+        is returned (``interrupted`` is then True); with nothing sampled yet, KeyboardInterrupt."""
         try:
             self.proc.wait(timeout=self.duration + 60)
         except subprocess.TimeoutExpired:
@@ -189,12 +192,15 @@ class Recording:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
-        except BaseException:      # Ctrl-C: py-spy got it too (same terminal) or gets it now
+        except KeyboardInterrupt:  # Ctrl-C: py-spy (its own session) writes what it has, then ends
+            self.interrupted = True
             self.stop()
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        except BaseException:
+            self.kill()
             raise
         self._err.seek(0)
         err = self._err.read()
@@ -204,6 +210,8 @@ class Recording:
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
         if not text.strip():
+            if self.interrupted:
+                raise KeyboardInterrupt
             raise _explain(err or "no output", self.pid, self.owner_uid)
         try:
             doc = json.loads(text)

@@ -40,6 +40,7 @@ class Window:
     pyspy_version: str | None = None
     notes: list[str] = field(default_factory=list)
     simulated_gpus: str | None = None
+    interrupted: bool = False          # Ctrl-C ended the window early (what was sampled is kept)
 
 
 class _Cpu:
@@ -134,7 +135,10 @@ def sample(pid: int | None = None, job: int | None = None, duration: float = DEF
             on_progress(f"sampling {len(targets)} process(es) at {rate} Hz for {duration:g} s")
         docs = []
         for t, r in recs:
+            if any(x.interrupted for _, x in recs):
+                r.stop()                   # Ctrl-C during an earlier rank's wait: finish this one now
             docs.append((t, r.wait()))
+        interrupted = any(r.interrupted for _, r in recs)
     finally:
         for _, r in recs:
             r.kill()
@@ -162,7 +166,8 @@ def sample(pid: int | None = None, job: int | None = None, duration: float = DEF
             pw.alive_after = False
         procs.append(pw)
     w = Window(started_at=started, ended_at=ended, rate=rate, duration_s=round(ended - started, 3),
-               processes=procs, gpu=sampler.to_evidence(), job_pid=job, pyspy_version=_version())
+               processes=procs, gpu=sampler.to_evidence(), job_pid=job, pyspy_version=_version(),
+               interrupted=interrupted)
     prov = sampler.provider
     if getattr(prov, "simulated", False):
         w.simulated_gpus = prov.scenario
