@@ -219,6 +219,9 @@ def attach_phases(ev):
             evidence={"rank": r.rank, "samples": n, "phases": ph, "dominant": dom,
                       "margin_95": round(_margin(dom_share, n), 4), "hot_lines": main.get("hot_lines") or [],
                       "cpu_percent": a.get("cpu_percent")},
+            why="Shares of stack samples, not timings. Not visible in stacks: evaluation run inline under "
+                "`with torch.no_grad():` (counted as forward; evaluation in its own function is told apart), "
+                "GPU time behind queued kernels (it shows up at the next synchronisation), C++ threads.",
             location=_loc(top),
         )
 

@@ -65,3 +65,13 @@ def test_job_names_the_sleeping_rank(job, capsys):
     assert f["location"]["line"] and "sleep" in TARGET.read_text().splitlines()[f["location"]["line"] - 1]
     assert job.poll() is None
     assert code == 0
+
+
+def test_launcher_pid_without_job_samples_the_ranks(job, capsys):
+    code = main(["attach", str(job.pid), "--duration", "3", "--format", "json"])
+    captured = capsys.readouterr()
+    rep = json.loads(captured.out)
+    assert [a["rank"] for a in rep["attach"]] == [0, 1]
+    assert "is a launcher with 2 rank(s)" in captured.err
+    assert code in (0, 1)
+    assert job.poll() is None

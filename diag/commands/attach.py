@@ -116,6 +116,16 @@ def gather(args):
         return ev
     if args.pid is not None and args.pid == os.getpid():
         raise DiagError("PID is diag's own process; give the training process's PID")
+    if args.pid is not None:
+        from diag.attach.target import describe, ranks_under
+
+        t = describe(args.pid)
+        if t.rank is None:
+            ranks = ranks_under(args.pid)
+            if ranks:
+                sys.stderr.write(f"diag: PID {args.pid} is a launcher with {len(ranks)} rank(s) under it; sampling "
+                                 f"them side by side (as --job {args.pid})\n")
+                args.job, args.pid = args.pid, None
     rate = args.rate or DEFAULT_RATE_HZ
     machine = args.format != "text"
     what = f"the ranks under PID {args.job}" if args.job is not None else f"PID {args.pid}"
