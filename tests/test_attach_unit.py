@@ -346,3 +346,29 @@ def test_gpu_low_utilization_from_simulated_telemetry():
     assert len(f) == 1 and f[0].severity.value == "warning", f
     assert "simulated" in f[0].message and "data" in f[0].message
     assert f[0].evidence["cause_phase"] == "data"
+
+
+def test_stuck_in_a_collective_names_it():
+    frames = [{"name": "<module>", "file": "/home/u/train.py", "line": 12},
+              {"name": "all_reduce", "file": TORCH + "/distributed/distributed_c10d.py", "line": 2800}]
+    s = summarise_main(parse_speedscope(_doc(9, [[0, 1]] * 40, frames))[9][0], rate=20)
+    assert s["stuck"]["waits_on"] == "the collective all_reduce (torch.distributed)"
+    assert s["stuck"]["phase"] == "collective"
+    assert s["stuck"]["where"]["line"] == 12
+
+
+def test_hung_job_names_the_rank_stuck_elsewhere():
+    from diag.attach.judge import judge
+
+    def stuck(line, waits):
+        return {"where": {"file": "/home/u/train.py", "line": line, "function": "f", "code": "x"},
+                "waits_on": waits, "seconds_at_least": 10.0, "phase": "collective", "share": 1.0, "stack": []}
+
+    ev = _evidence({"collective": 1.0}, stuck=stuck(30, "the collective all_reduce (torch.distributed)"),
+                   cycles=0, ranks=3)
+    odd = ev.ranks[2].extras["attach"]["main"]
+    odd["stuck"] = stuck(41, "the collective broadcast (torch.distributed)")
+    hung = _by_id(judge(ev))["run.hung"][0]
+    assert hung.severity.value == "error"
+    assert "Odd one out: rank 2" in hung.message
+    assert "rank 0, rank 1 at train.py:30" in hung.message
