@@ -14,6 +14,12 @@ import pytest
 from diag.cli import main
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _own_cwd(tmp_path, monkeypatch):
+    """diag attach saves its evidence under ./.diag/runs: keep it out of the repository."""
+    monkeypatch.chdir(tmp_path)
 TARGET = Path(__file__).parent / "attach_targets" / "ddp_target.py"
 
 

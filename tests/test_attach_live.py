@@ -16,6 +16,12 @@ from diag.cli import main
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(autouse=True)
+def _own_cwd(tmp_path, monkeypatch):
+    """diag attach saves its evidence under ./.diag/runs: keep it out of the repository."""
+    monkeypatch.chdir(tmp_path)
+
 HERE = Path(__file__).parent
 TARGET = HERE / "attach_targets" / "train_target.py"
 PY = sys.executable
