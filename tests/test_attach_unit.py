@@ -372,3 +372,15 @@ def test_hung_job_names_the_rank_stuck_elsewhere():
     assert hung.severity.value == "error"
     assert "Odd one out: rank 2" in hung.message
     assert "rank 0, rank 1 at train.py:30" in hung.message
+
+
+def test_diag_check_from_attach_evidence_uses_the_attach_judgement(tmp_path, capsys):
+    ev = _evidence({"data": 0.6, "forward": 0.4})
+    p = tmp_path / "evidence.json"
+    ev.save(p)
+    code = main(["check", "--from", str(p), "--format", "json"])
+    rep = json.loads(capsys.readouterr().out)
+    by = {f["id"]: f for f in rep["findings"]}
+    assert by["run.no-steps"]["severity"] == "skipped"          # not an error: sampling has no steps
+    assert by["dataloader.workers"]["check"] == "attach.dataloader-workers"
+    assert code == 1 if by["dataloader.workers"]["severity"] == "error" else code == 0

@@ -10,8 +10,8 @@ Every check runs, as for ``diag check``. Then, for evidence with ``run.source ==
   inside the script records (step timings, forwards, optimizers, the allocator).
 
 This filter belongs in the registry once checks declare what they observe (e.g. an ``observes=``
-field on the check declaration); until then it lives here, and ``diag check --from`` on an attach
-file runs the checks unfiltered.
+field on the check declaration); until then it lives here, and ``diag check --from`` calls it for
+an attach file.
 """
 from __future__ import annotations
 
