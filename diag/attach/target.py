@@ -114,7 +114,8 @@ def describe(pid: int) -> Target:
 
 def require_python(t: Target) -> None:
     """PID that is plainly not a Python interpreter: one sentence (py-spy would say the same, later)."""
-    if t.exe and not _looks_python(t.exe, t.cmdline):
+    # an interpreter under another name (embedded, renamed) with PyTorch loaded: py-spy's dump decides
+    if t.exe and not _looks_python(t.exe, t.cmdline) and t.torch_loaded is not True:
         name = os.path.basename(t.exe)
         raise DiagError(f"PID {t.pid} is not a Python process (it runs {name}); give the PID of the training "
                         "script's interpreter (ps -ef | grep python)", code=ExitCode.USAGE)
