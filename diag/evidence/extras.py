@@ -21,3 +21,4 @@ class ExtrasSection(Section):
     end_reason: str | None = None       # the probe's reason at the end of the run
     probe_errors: list[dict[str, Any]] | None = None  # probe hooks that failed (where, error, traceback)
     events: dict[str, Any] | None = None  # events of unknown kinds, by kind (at most 100 each)
+    attach: dict[str, Any] | None = None  # diag attach: what sampling saw (phases, stacks, workers; docs/attach.md)
