@@ -45,6 +45,9 @@ def add_arguments(p) -> None:
                    help="skip checks with this id or id prefix (repeatable, or comma-separated)")
     g.add_argument("--output", "-o", metavar="FILE", help="also write the report to FILE")
     g.add_argument("--verbose", "-v", action="store_true", help="show passed and skipped checks in full")
+    g.add_argument("--source-root", metavar="DIR",
+                   help="SARIF: paths are made relative to DIR (default: the git checkout holding the "
+                        "script, else its directory)")
     b = p.add_argument_group("comparing with a baseline (diag compare; docs/ci.md)")
     b.add_argument("--baseline", metavar="FILE",
                    help="compare this run with a saved one (JSON report, evidence.json or run directory)")
@@ -137,6 +140,11 @@ def execute_script(script: str, script_args: list[str], *, steps=None, max_time=
 
 
 def run(args) -> int:
+    if getattr(args, "source_root", None):
+        from pathlib import Path
+
+        if not Path(args.source_root).is_dir():
+            raise DiagError(f"--source-root {args.source_root!r} is not a directory")
     baseline = None
     thresholds = None
     if getattr(args, "baseline", None):
@@ -213,6 +221,8 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
             _write(args.output, rec.export_text())
     else:
         kw = {"fail_on": args.fail_on} if args.format == "junit" else {}
+        if args.format == "sarif":
+            kw = {"source_root": getattr(args, "source_root", None)}
         if args.format == "json":
             text = render_json(evidence, findings, code, comparison)
         elif args.format == "junit" and comparison is not None:

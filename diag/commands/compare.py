@@ -134,7 +134,10 @@ def emit(c, fmt: str, output: str | None, annotations: str = "auto", stream=None
     if fmt == "text":
         from rich.console import Console
 
-        rc.render_text(c, Console(file=stream, soft_wrap=False))
+        console = Console(file=stream, soft_wrap=False)
+        if not console.is_terminal:
+            console = Console(file=stream, soft_wrap=False, width=120)
+        rc.render_text(c, console)
         if output:
             rec = Console(record=True, file=open(os.devnull, "w"), width=110)
             rc.render_text(c, rec)

@@ -17,14 +17,14 @@ COMPARE_SCHEMA_VERSION = 1
 
 # metric key -> (label, unit, higher_is_better, threshold key)
 METRICS: dict[str, tuple[str, str, bool, str]] = {
-    "step_time": ("step time (median)", "s", False, "step"),
+    "step_time": ("step time", "s", False, "step"),
     **{f"phase.{p}": (f"  {p}", "s", False, p) for p in PHASES},
-    "samples_per_s": ("throughput (samples/s)", "1/s", True, "throughput"),
-    "tokens_per_s": ("throughput (tokens/s)", "1/s", True, "throughput"),
+    "samples_per_s": ("samples/s", "1/s", True, "throughput"),
+    "tokens_per_s": ("tokens/s", "1/s", True, "throughput"),
     "data_share": ("data-wait share", "share", False, "data-wait"),
     "allocator_peak": ("peak memory (allocator)", "bytes", False, "memory"),
     "device_peak": ("peak memory (device)", "bytes", False, "memory"),
-    "persistent_memory": ("params+grads+optimizer memory", "bytes", False, "memory"),
+    "persistent_memory": ("memory (params+grads+optim)", "bytes", False, "memory"),
     "mfu": ("MFU", "share", True, "mfu"),
     "time_to_first_step": ("time to first step", "s", False, "first-step"),
 }
@@ -57,6 +57,8 @@ class MetricResult:
     n_b: int = 0
     note: str | None = None
     delta: float | None = None      # b - a in the metric's unit
+    delta_low: float | None = None  # its confidence interval (phases: seconds)
+    delta_high: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
@@ -154,7 +156,7 @@ def fmt_value(v: float | None, unit: str) -> str:
     if v is None or not np.isfinite(v):
         return "n/a"
     if unit == "s":
-        return f"{v * 1000:.2f} ms" if v < 10 else f"{v:.1f} s"
+        return f"{v * 1000:.2f} ms" if v < 1 else f"{v:.2f} s"
     if unit == "bytes":
         for u, d in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
             if v >= d:
@@ -319,6 +321,7 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
         if isinstance(r, tuple):
             phase_effects[p] = r[1]
             r[0].change = _rel(r[1])
+            r[0].delta_low, r[0].delta_high = r[1].low, r[1].high
             r[0].low, r[0].high = _rel_bounds(r[1])
             r[0].relative = True
     for unit in ("samples", "tokens"):
@@ -399,8 +402,7 @@ def _scalar(results, key, field_, base, new, thresholds, **kw) -> None:
     noisy = key not in SCALAR_NOISE
     if noisy:
         # one value per side and no repeats: no interval; reported, never failed on
-        verdict = "unchanged" if abs(change) < 1e-9 else ("worse" if worse > 0 else "improved")
-        verdict = verdict if abs(change) >= 0.01 else "unchanged"
+        verdict = "unknown"
         note = "one value per run: no interval (use --runs for one); reported, not gated"
         results.append(MetricResult(key, label, unit, hib, a, b, change, None, None, True, thr, verdict,
                                     False, "single-value", n_a=len(va), n_b=len(vb), note=note, delta=b - a))

@@ -7,8 +7,8 @@ from xml.etree import ElementTree as ET
 
 from diag.compare.core import Comparison, MetricResult, fmt_value, ms, pct
 
-VERDICT_WORDS = {"regression": "REGRESSION", "worse": "worse (within threshold)", "improved": "improved",
-                 "unchanged": "no significant change", "unknown": "not compared"}
+VERDICT_WORDS = {"regression": "REGRESSION", "worse": "worse", "improved": "better",
+                 "unchanged": "not significant", "unknown": "n/a"}
 
 
 def _change(m: MetricResult) -> str:
@@ -24,6 +24,8 @@ def _ci(m: MetricResult, c: Comparison) -> str:
         return "—"
     if m.key == "data_share":
         return f"{m.low * 100:+.1f}…{m.high * 100:+.1f} pts"
+    if m.key.startswith("phase.") and m.delta_low is not None:
+        return f"{ms(m.delta_low)}…{ms(m.delta_high)}".replace(" ms…", "…")
     if m.method == "single-value" and m.low == m.high:
         return "exact"
     return f"{pct(m.low)}…{pct(m.high)}"
@@ -39,11 +41,19 @@ def rows(c: Comparison) -> list[dict[str, str]]:
     """The table every renderer shows: one row per metric."""
     out = []
     for m in c.metrics:
-        out.append({"metric": m.label.strip() if not m.key.startswith("phase.") else f"phase: {m.label.strip()}",
+        verdict = VERDICT_WORDS[m.verdict]
+        if m.verdict == "regression" and not m.gated:
+            verdict = "worse"
+        elif m.verdict == "worse" and m.gated:
+            verdict = "worse, within threshold"
+        elif m.verdict == "unknown" and m.method == "single-value":
+            verdict = "no interval"
+        elif m.method == "single-value" and m.verdict == "unchanged":
+            verdict = "same"
+        out.append({"metric": m.label.strip() if not m.key.startswith("phase.") else f"· {m.label.strip()}",
                     "key": m.key, "base": fmt_value(m.a, m.unit), "new": fmt_value(m.b, m.unit),
                     "change": _change(m), "ci": _ci(m, c), "threshold": _threshold(m),
-                    "verdict": VERDICT_WORDS[m.verdict] if (m.gated or m.verdict != "regression")
-                    else "worse (not gated)"})
+                    "verdict": verdict})
     return out
 
 
@@ -51,7 +61,7 @@ def status_line(c: Comparison) -> str:
     if c.regressions:
         names = ", ".join(m.label.strip() for m in c.regressions)
         return f"REGRESSION: {names} significantly worse than the threshold allows"
-    worse = [m for m in c.metrics if m.verdict == "worse" and not m.key.startswith("phase.")]
+    worse = [m for m in c.metrics if m.verdict == "worse" and m.gated]
     if worse:
         return "OK: no significant regression beyond the thresholds (" + ", ".join(
             m.label.strip() for m in worse) + " significantly worse, within the threshold)"
@@ -85,7 +95,7 @@ def render_text(c: Comparison, console) -> None:
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for col in ("metric", "base", "new", "change", f"{int(c.confidence * 100)}% CI", "threshold", "verdict"):
         table.add_column(col, justify="right" if col not in ("metric", "verdict") else "left")
-    style = {"REGRESSION": "bold red", "improved": "green", "worse (within threshold)": "yellow"}
+    style = {"REGRESSION": "bold red", "better": "green", "worse, within threshold": "yellow", "worse": "yellow"}
     for r in rows(c):
         table.add_row(r["metric"], r["base"], r["new"], r["change"], r["ci"], r["threshold"],
                       Text(r["verdict"], style=style.get(r["verdict"], "")))
