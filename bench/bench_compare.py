@@ -35,11 +35,15 @@ def run(results: dict) -> None:
     workload = os.environ.get("DIAG_BENCH_COMPARE_WORKLOAD", "clean")
     steps = int(os.environ.get("DIAG_BENCH_COMPARE_STEPS", "60"))
     script, script_args = WORKLOADS[workload]
-    tmp = Path(tempfile.mkdtemp(prefix="diag-bench-compare-"))
+    reuse = os.environ.get("DIAG_BENCH_COMPARE_FROM")   # re-judge the reports of an earlier run
+    tmp = Path(reuse) if reuse else Path(tempfile.mkdtemp(prefix="diag-bench-compare-"))
     samples = []
     t0 = time.perf_counter()
     for i in range(runs):
         out = tmp / f"run{i}.json"
+        if reuse:
+            samples.append(extract.load(out))
+            continue
         cmd = [sys.executable, "-m", "diag", "check", "--script", str(script), "--format", "json",
                "-o", str(out), "--run-dir", str(tmp / f"run{i}"), "--fail-on", "never", "--",
                *script_args(steps)]
@@ -65,6 +69,7 @@ def run(results: dict) -> None:
     alarms, changes, noise, sig = judge(consecutive)
     all_alarms, all_changes, all_noise, all_sig = judge(list(itertools.combinations(range(runs), 2)))
     r = results
+    r["reports"] = str(tmp)
     r["workload"] = workload
     r["runs"] = runs
     r["steps_per_run"] = steps

@@ -198,8 +198,8 @@ def _fraction(text: str, whole: str) -> float:
         raise DiagError(f"--max-regression {whole!r}: expected a percentage such as 5% (or 0.05)")
     v = float(m.group(1))
     v = v / 100 if m.group(2) or v >= 1 else v
-    if not 0 <= v < 10:
-        raise DiagError(f"--max-regression {whole!r}: a percentage between 0% and 1000%")
+    if not 0 <= v <= 100:
+        raise DiagError(f"--max-regression {whole!r}: a percentage between 0% and 10000%")
     return v
 
 

@@ -7,7 +7,11 @@ The unit of comparison is a *side*: one or more runs, each a sequence of steady-
   that slow drifts of a shared, loaded machine (correlated neighbouring steps) widen the interval
   instead of posing as a difference;
 * across runs (when a side has two or more), the runs themselves are resampled, so run-to-run
-  variation enters the interval too.
+  variation enters the interval too;
+* a side with a single run is cut into :data:`SEGMENTS` contiguous segments that stand in for runs:
+  a shared machine whose load changes from minute to minute makes the segments differ, and that
+  drift (the best view of run-to-run variation one run gives) widens the interval. On a quiet
+  machine the segments agree and the interval stays narrow.
 
 A side's statistic is the mean over its runs of each run's statistic (the median by default); the
 effect is ``stat(B) / stat(A)`` (a ratio) or ``stat(B) - stat(A)`` (a difference) with a percentile
@@ -25,6 +29,8 @@ import numpy as np
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
 MIN_STEPS = 3          # fewer steady-state steps than this on a side: no interval, no verdict
+SEGMENTS = 4           # a single run is cut into this many segments (when each has >= MIN_SEGMENT steps)
+MIN_SEGMENT = 5
 
 
 @dataclass
@@ -108,9 +114,20 @@ def _side_stats(runs: list[np.ndarray], statistic: Callable, resamples: int,
     return float(per_run.mean()), dist, spread
 
 
+def segment(runs: list[np.ndarray], segments: int = SEGMENTS) -> list[np.ndarray]:
+    """One run -> ``segments`` contiguous pieces (when long enough); several runs stay as they are."""
+    if len(runs) != 1 or segments < 2:
+        return runs
+    r = runs[0]
+    k = min(segments, r.size // MIN_SEGMENT)
+    if k < 2:
+        return runs
+    return [x for x in np.array_split(r, k) if x.size]
+
+
 def compare(a, b, *, kind: str = "ratio", statistic: Callable = np.median,
             confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES,
-            seed: int = 0) -> Effect | None:
+            seed: int = 0, segments: int = SEGMENTS) -> Effect | None:
     """The effect of B against A with a bootstrap confidence interval.
 
     ``a`` and ``b`` are one run (a list of per-step values) or several (a list of such lists).
@@ -125,8 +142,16 @@ def compare(a, b, *, kind: str = "ratio", statistic: Callable = np.median,
     if n_a < MIN_STEPS or n_b < MIN_STEPS:
         return None
     rng = np.random.default_rng(seed)
-    sa, da, spread_a = _side_stats(runs_a, statistic, resamples, rng)
-    sb, db, spread_b = _side_stats(runs_b, statistic, resamples, rng)
+    sa, da, spread_a = _side_stats(segment(runs_a, segments), statistic, resamples, rng)
+    sb, db, spread_b = _side_stats(segment(runs_b, segments), statistic, resamples, rng)
+    if len(runs_a) == 1:
+        spread_a = None
+    if len(runs_b) == 1:
+        spread_b = None
+    if len(runs_a) == 1 and len(runs_b) == 1:
+        # the point estimate stays the plain statistic of each run
+        sa = float(statistic(runs_a[0][None, :], axis=1)[0])
+        sb = float(statistic(runs_b[0][None, :], axis=1)[0])
     if kind == "ratio":
         if sa <= 0 or sb < 0 or np.any(da <= 0):
             return None
