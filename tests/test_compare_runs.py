@@ -170,3 +170,16 @@ def test_check_with_a_baseline_judges_and_compares(runs, tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = diag("check", "--from", str(runs["tmp"] / "same"), "--max-regression", "5%")
     assert r.returncode == 2 and "only apply with --baseline" in r.stderr
+
+
+def test_scripts_run_several_times_per_side(tmp_path):
+    r = diag("compare", "--runs", "2", "--steps", "20", "--format", "json", str(SCRIPT), str(SCRIPT),
+             "--", "--steps", "20")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, doc["headline"]
+    assert len(doc["base"]) == 2 and len(doc["new"]) == 2
+    step = next(m for m in doc["metrics"] if m["key"] == "step_time")
+    assert step["method"] == "repeats"
+    assert r.stderr.count("run 2 of 2") == 2
+    r = diag("compare", "--runs", "2", str(SCRIPT), str(tmp_path / "x.json"))
+    assert r.returncode == 2 and "does not exist" in r.stderr

@@ -119,6 +119,13 @@ def run(args) -> int:
     from diag.compare.core import compare, parse_thresholds
 
     thresholds = parse_thresholds(args.max_regression)
+    from pathlib import Path
+
+    for spec, label in ((args.base, "baseline"), (args.new, "new run")):   # before anything runs
+        for part in [x.strip() for x in spec.split(",") if x.strip()]:
+            if not Path(part).exists():
+                what = "script" if part.endswith(".py") else "file"
+                raise DiagError(f"the {label} {what} {part!r} does not exist")
     base = load_side(args.base, args, "baseline")
     new = load_side(args.new, args, "new run")
     c = compare(base, new, thresholds=thresholds, force=args.force, confidence=args.confidence,

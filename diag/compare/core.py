@@ -285,7 +285,7 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
         for s in side:
             if s.steady < stats.MIN_STEPS:
                 raise DiagError(f"the {name} {s.source!r} has {s.steady} steady-state step(s) "
-                                f"({s.steps_total} recorded); at least {stats.MIN_STEPS + 1} are needed "
+                                f"({s.steps_total} recorded); at least {stats.MIN_STEPS} are needed "
                                 "— run more steps (--steps)")
 
     kw = dict(confidence=confidence, seed=seed, resamples=resamples)
