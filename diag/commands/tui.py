@@ -21,6 +21,7 @@ examples:
   diag tui --from .diag/runs/<id>/evidence.json      browse a saved run; executes nothing
   diag tui                                           GPU monitor + cost calculator
   diag tui --simulate-gpus throttling                try the GPU panes without a GPU
+  diag tui --script train.py --baseline base.json    the Steps tab shows the deltas per phase
 
 needs an interactive terminal; for CI and pipes use `diag check` (text, json, sarif, junit).
 exit codes: 0 closed normally · 2 usage or bad input (or no terminal) · 3 the script failed
@@ -38,6 +39,9 @@ def add_arguments(p) -> None:
                    help="also plan the batch size for this GPU (catalogue name, e.g. h100, a100-80gb): after "
                         "step 1 the step is replayed on fake tensors (no memory used) and the Memory tab shows "
                         "the largest batch that fits; that step is left out of the timing")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="show a saved run (JSON report, evidence.json or run directory) beside this one in "
+                        "the Steps tab: the median step and each phase, and their deltas")
     p.add_argument("--refresh", type=positive_float, metavar="SECONDS", default=0.5,
                    help="re-judge the evidence at most this often while the script runs (default: 0.5)")
 
@@ -87,6 +91,11 @@ def run(args) -> int:
         raise DiagError("--memory-plan needs a script to run (--script PATH)")
     if args.memory_plan:
         memory_plan_env(args.memory_plan)          # an unknown GPU is a usage error, before anything runs
+    baseline = None
+    if getattr(args, "baseline", None):             # a bad baseline is a usage error, before anything runs
+        from diag.compare import extract
+
+        baseline = extract.load(args.baseline)
     if not _interactive():
         raise DiagError(NO_TTY)
 
@@ -115,6 +124,8 @@ def run(args) -> int:
     from diag.tui.app import DiagApp
 
     app = DiagApp(source, gpu, refresh_s=args.refresh)
+    if baseline is not None:
+        app.baseline = baseline                     # read by the Steps tab
     try:
         app.run()
     finally:
