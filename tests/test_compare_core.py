@@ -173,3 +173,11 @@ def test_loading_inputs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DiagError, match="no evidence.json"):
         extract.load(tmp_path / "empty")
+
+
+def test_headline_names_the_new_findings_that_probably_caused_it():
+    fb = [{"id": "sync.item", "severity": "warning", "message": "a host sync",
+           "location": {"file": "/w/train.py", "line": 88}}, {"id": "cost.mfu", "severity": "info"}]
+    c = compare([_sample(_evidence(seed=1))], [_sample(_evidence(seed=2, backward=0.007), fb)])
+    assert c.headline.endswith("; new findings: sync.item at train.py:88")
+    assert "backward +3.0 ms" in c.headline

@@ -166,6 +166,17 @@ def test_check_with_a_baseline_judges_and_compares(runs, tmp_path):
     assert doc["comparison"]["verdict"] == "regression"
     assert doc["comparison"]["attribution"][0]["phase"] == "backward"
     assert doc["compare"]["steps"]["index"]         # the report is a baseline itself
+    # re-judging a saved run against the baseline: junit holds both suites and validates; text shows both
+    r = diag("check", "--from", str(tmp_path / "pr"), "--baseline", str(runs["base"]), "--format", "junit",
+             "--fail-on", "never")
+    assert r.returncode == 1
+    xmlschema = pytest.importorskip("xmlschema")
+    xmlschema.XMLSchema(str(REPO / "tests" / "fixtures" / "schemas" / "junit-10.xsd")).validate(r.stdout)
+    assert "diag.compare" in r.stdout and 'name="diag"' in r.stdout
+    r = diag("check", "--from", str(tmp_path / "pr"), "--baseline", str(runs["same"]))
+    assert r.returncode == 1 and "diag compare" in r.stdout and "backward +" in r.stdout
+    r = diag("check", "--from", str(tmp_path / "pr"), "--baseline", str(runs["same"]), "--format", "sarif")
+    assert r.returncode == 2 and "SARIF holds findings only" in r.stderr
     r = diag("check", "--script", str(SCRIPT), "--baseline", str(tmp_path / "nope.json"))
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = diag("check", "--from", str(runs["tmp"] / "same"), "--max-regression", "5%")

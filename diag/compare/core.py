@@ -106,6 +106,12 @@ class Comparison:
             text += f": not significant (noise ±{abs((m.high - m.low) / 2) * 100:.1f}%)"
         elif self.attribution:
             text += ": " + ", ".join(f"{a['phase']} {ms(a['delta_s'])}" for a in self.attribution)
+        if m.verdict in ("regression", "worse"):
+            # the new findings that probably explain it (error and warning first)
+            causes = [f for f in self.findings.get("new", []) if f.get("severity") in ("crashed", "error", "warning")]
+            if causes:
+                text += "; new findings: " + ", ".join(
+                    f["id"] + (f" at {f['location']}" if f.get("location") else "") for f in causes[:3])
         return text
 
     def to_dict(self) -> dict[str, Any]:
