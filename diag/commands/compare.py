@@ -98,11 +98,26 @@ def load_side(spec: str, args, label: str):
     return [extract.load(x, select=_split(args.select), ignore=_split(args.ignore)) for x in parts]
 
 
+def _is_script(spec: str) -> bool:
+    parts = [x.strip() for x in spec.split(",") if x.strip()]
+    return len(parts) == 1 and parts[0].endswith(".py")
+
+
+def run_interleaved(args):
+    """Both sides are scripts: run them in turns (base, new, base, new, ...), so that a machine whose
+    load drifts during the comparison slows both sides alike instead of posing as a change."""
+    base, new = [], []
+    for i in range(args.runs):
+        base.append(run_script(args.base.strip(), args, i, "baseline"))
+        new.append(run_script(args.new.strip(), args, i, "new run"))
+    return base, new
+
+
 def run_script(script: str, args, i: int, label: str):
     from diag.commands.check import execute_script
     from diag.compare import extract
 
-    sys.stderr.write(f"diag: {label} run {i + 1} of {args.runs}: {script}\n")
+    sys.stderr.write(f"diag: {label} {i + 1} of {args.runs}: {script}\n")
     sys.stderr.flush()
     evidence, findings = execute_script(script, list(getattr(args, "script_args", []) or []),
                                         steps=args.steps, max_time=args.max_time,
@@ -126,8 +141,11 @@ def run(args) -> int:
             if not Path(part).exists():
                 what = "script" if part.endswith(".py") else "file"
                 raise DiagError(f"the {label} {what} {part!r} does not exist")
-    base = load_side(args.base, args, "baseline")
-    new = load_side(args.new, args, "new run")
+    if _is_script(args.base) and _is_script(args.new):
+        base, new = run_interleaved(args)
+    else:
+        base = load_side(args.base, args, "baseline")
+        new = load_side(args.new, args, "new run")
     c = compare(base, new, thresholds=thresholds, force=args.force, confidence=args.confidence,
                 seed=args.seed)
     emit(c, args.format, args.output, args.annotations)
