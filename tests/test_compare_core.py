@@ -181,3 +181,22 @@ def test_headline_names_the_new_findings_that_probably_caused_it():
     c = compare([_sample(_evidence(seed=1))], [_sample(_evidence(seed=2, backward=0.007), fb)])
     assert c.headline.endswith("; new findings: sync.item at train.py:88")
     assert "backward +3.0 ms" in c.headline
+
+
+def test_cuda_memory_peaks_allocator_and_device():
+    def with_mem(ev, peak, reserved, nvml):
+        ev.primary.memory["steps"] = [{"step": i, "allocated": peak // 2, "peak": peak * i // 3,
+                                       "reserved": reserved, "reserved_peak": reserved} for i in (1, 2, 3)]
+        ev.gpu = {"devices": [{"index": 0, "stats": {"run_mem_max": nvml}}]}
+        return ev
+    a = _sample(with_mem(_evidence(seed=1), 8 << 30, 10 << 30, 12 << 30))
+    b = _sample(with_mem(_evidence(seed=2), 10 << 30, 11 << 30, 12 << 30))
+    assert a.scalars["allocator_peak_bytes"] == 8 << 30 and a.scalars["device_peak_bytes"] == 12 << 30
+    c = compare([a], [b], thresholds=parse_thresholds(["memory=10%"]))
+    assert c.metric("allocator_peak").verdict == "regression" and abs(c.metric("allocator_peak").change - 0.25) < 1e-9
+    assert c.metric("device_peak").verdict == "unchanged"
+    assert rc.rows(c)[[r["key"] for r in rc.rows(c)].index("allocator_peak")]["base"] == "8.0 GiB"
+    # simulated GPU telemetry never counts as a device peak
+    ev = with_mem(_evidence(seed=3), 8 << 30, 1 << 30, 50 << 30)
+    ev.gpu["simulated"] = True
+    assert _sample(ev).scalars["device_peak_bytes"] == 1 << 30

@@ -5,7 +5,7 @@ import os
 import sys
 
 from diag.commands._common import positive_float, positive_int
-from diag.errors import DiagError, ExitCode
+from diag.errors import DiagError
 
 DESCRIPTION = """\
 Compare two runs: median step time and its phases (data, forward, backward, optimizer, other),
@@ -186,4 +186,4 @@ def write(path: str, text: str) -> None:
         raise DiagError(f"cannot write the report to {path!r}: {e.strerror}") from None
 
 
-__all__ = ["run", "add_arguments", "emit", "ExitCode"]
+__all__ = ["run", "add_arguments", "emit"]

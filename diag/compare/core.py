@@ -213,7 +213,7 @@ def _fraction(text: str, whole: str) -> float:
 
 BLOCKING = (("script_name", "scripts"), ("batch", "batch sizes"), ("world_size", "world sizes"),
             ("device", "devices"), ("gpu_models", "GPU models"))
-INFORMATIONAL = ("torch", "cuda", "python", "hostname", "cpu_count", "torch_num_threads", "args",
+INFORMATIONAL = ("status", "torch", "cuda", "python", "hostname", "cpu_count", "torch_num_threads", "args",
                  "simulated_gpus", "diag_version")
 
 
