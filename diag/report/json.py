@@ -24,9 +24,11 @@ def summary(evidence, findings) -> dict:
     }
 
 
-def report_dict(evidence, findings, exit_code: int) -> dict:
+def report_dict(evidence, findings, exit_code: int, comparison=None) -> dict:
+    from diag.compare.extract import export
+
     run = evidence.run
-    return {
+    out = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "tool": {"name": "diag", "version": __version__},
         "run": {
@@ -40,8 +42,14 @@ def report_dict(evidence, findings, exit_code: int) -> dict:
         "exit_code": exit_code,
         "findings": [f.to_dict() for f in sort_findings(findings)],
         "notes": evidence.notes,
+        # what `diag compare` needs (every kept step's phases, memory peaks, MFU, the comparability
+        # facts): a saved report is a complete baseline (docs/compare.md)
+        "compare": export(evidence),
     }
+    if comparison is not None:
+        out["comparison"] = comparison.to_dict()
+    return out
 
 
-def render_json(evidence, findings, exit_code: int) -> str:
-    return json.dumps(report_dict(evidence, findings, exit_code), indent=2, default=str)
+def render_json(evidence, findings, exit_code: int, comparison=None) -> str:
+    return json.dumps(report_dict(evidence, findings, exit_code, comparison), indent=2, default=str)
