@@ -61,3 +61,31 @@ def safe_evidence_strings(obj, multiline_keys=("traceback", "text", "message", "
     if isinstance(obj, list):
         return [safe_evidence_strings(v, multiline_keys) for v in obj]
     return obj
+
+
+def safe_finding(f):
+    """A copy of a Finding with every string made safe for a terminal (its message may quote an
+    exception, a file name or a host name taken from evidence). Tracebacks and snippets keep their
+    newlines."""
+    import copy
+
+    g = copy.copy(f)
+    for name in ("id", "title", "message", "why", "fix", "docs", "check"):
+        v = getattr(g, name, None)
+        if isinstance(v, str):
+            setattr(g, name, for_terminal(v))
+    if isinstance(g.snippet, str):
+        g.snippet = for_terminal(g.snippet, multiline=True)
+    if g.location is not None:
+        loc = copy.copy(g.location)
+        loc.file = for_terminal(loc.file)
+        if isinstance(loc.function, str):
+            loc.function = for_terminal(loc.function)
+        g.location = loc
+    g.evidence = safe_evidence_strings(g.evidence or {})
+    return g
+
+
+def safe_json(obj):
+    """For JSON output: ANSI codes stripped from every string (the data otherwise unchanged)."""
+    return strip_ansi(obj)

@@ -87,8 +87,10 @@ def execute(args, echo_default: str = "stdout"):
     if not args.from_ and not args.script:
         raise DiagError("nothing to check: give --script PATH (or --from EVIDENCE)",
                         hint="diag demo runs a bundled example; diag check --help shows the options")
-    # bad selections are usage errors, found before anything runs
+    # bad selections are usage errors, found before anything runs; so is an unwritable -o
     registry = Registry.discover().select(_split(args.select), _split(args.ignore))
+    if getattr(args, "output", None):
+        check_output_path(args.output)
     machine = args.format != "text"
     if args.from_:
         evidence = load_from(args.from_)
@@ -112,14 +114,37 @@ def execute(args, echo_default: str = "stdout"):
             evidence.run.status = "interrupted"
             evidence.run.stop_reason = f"interrupted by {run._signal}" if run._signal else "interrupted by Ctrl-C"
             run.save()
+        args._disk_error = run.disk_error
+        if run.run_deleted:
+            sys.stderr.write(f"diag: the script deleted its run directory {run.run_dir}; the report below "
+                             "holds what was read before that (log.txt is lost)\n")
     findings = registry.run(evidence)
     return evidence, findings
+
+
+def check_output_path(path: str) -> None:
+    """-o FILE is checked before anything runs: its directory must exist and be writable."""
+    import os
+
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise DiagError(f"-o {path!r} is a directory; give a file name")
+    if not os.path.isdir(parent):
+        raise DiagError(f"-o {path!r}: the directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise DiagError(f"-o {path!r}: the directory {parent!r} is not writable")
 
 
 def run(args) -> int:
     evidence, findings = execute(args)
     code = exit_code_for(evidence, findings, args.fail_on)
+    disk = getattr(args, "_disk_error", None)
+    if disk:
+        code = ExitCode.USAGE
     _emit(args, evidence, findings, code)
+    if disk:   # the report above holds what was observed; say why the run ended, last, in one sentence
+        raise DiagError(disk)
     return code
 
 
@@ -132,7 +157,7 @@ def _emit(args, evidence, findings, code: int) -> None:
     run_dir = evidence.run.run_dir if not args.from_ else None
     if run_dir and Path(run_dir).is_dir():
         try:
-            (Path(run_dir) / "report.json").write_text(render_json(evidence, findings, code))
+            write_private(Path(run_dir) / "report.json", render_json(evidence, findings, code))
         except OSError:
             pass
     if args.format == "text":
@@ -155,6 +180,16 @@ def _emit(args, evidence, findings, code: int) -> None:
         sys.stdout.flush()
         if args.output:
             _write(args.output, text + "\n")
+
+
+def write_private(path, text: str) -> None:
+    """Write a file of the run directory readable by its owner only (0600), like the rest of it."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
 
 
 def _write(path: str, text: str) -> None:

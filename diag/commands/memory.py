@@ -167,8 +167,8 @@ def _run_script(args, target: dict | None) -> int:
 def exit_code(ev, plan: dict) -> int:
     if plan["status"] == "ok":
         return ExitCode.FINDINGS if plan["verdict"].get("fits") is False else ExitCode.OK
-    if plan["status"] == "none" and ev.run.status in ("failed", "oom", "killed"):
-        return ExitCode.SCRIPT_FAILED
+    if ev.run.status in ("failed", "oom", "killed"):
+        return ExitCode.SCRIPT_FAILED      # the script failed before a batch could be replayed
     return ExitCode.FINDINGS
 
 

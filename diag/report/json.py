@@ -25,12 +25,17 @@ def summary(evidence, findings) -> dict:
 
 
 def report_dict(evidence, findings, exit_code: int) -> dict:
+    """The report; strings keep their data but lose ANSI colour codes (captured from a script's
+    output), and secret-looking script arguments are redacted (docs/reliability: redaction)."""
+    from diag.redact import redact_args
+    from diag.sanitize import strip_ansi
+
     run = evidence.run
-    return {
+    return strip_ansi({
         "schema_version": REPORT_SCHEMA_VERSION,
         "tool": {"name": "diag", "version": __version__},
         "run": {
-            "id": run.id, "script": run.script, "args": run.args, "status": run.status,
+            "id": run.id, "script": run.script, "args": redact_args(run.args), "status": run.status,
             "exit_code": run.exit_code, "wall_s": run.wall_s, "stop_reason": run.stop_reason,
             "run_dir": run.run_dir, "log": run.log_path,
             "evidence": (run.run_dir + "/evidence.json") if run.run_dir else None,
@@ -40,7 +45,7 @@ def report_dict(evidence, findings, exit_code: int) -> dict:
         "exit_code": exit_code,
         "findings": [f.to_dict() for f in sort_findings(findings)],
         "notes": evidence.notes,
-    }
+    })
 
 
 def render_json(evidence, findings, exit_code: int) -> str:
