@@ -117,8 +117,11 @@ def disk_full_message(where) -> str:
 
 
 class DiskFull(DiagError):
+    """A full disk found before the script starts: nothing runs."""
+
     def __init__(self, where):
-        super().__init__(disk_full_message(where), code=ExitCode.USAGE)
+        super().__init__(f"the disk is full: diag cannot write to {where}; nothing was started",
+                         code=ExitCode.USAGE)
 
 
 _LIVE_RUNS: "set[Run]" = set()

@@ -253,7 +253,7 @@ class Guard:
         r, w = os.pipe()
         env = {k: v for k, v in os.environ.items() if k != MARKER}
         try:
-            self.proc = subprocess.Popen([sys.executable, "-S", "-c", _GUARD, self.run_id], stdin=r,
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GUARD, self.run_id], stdin=r, cwd="/",
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          env=env, start_new_session=True, close_fds=True)
         except OSError:
