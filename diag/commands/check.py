@@ -165,7 +165,9 @@ def _emit(args, evidence, findings, code: int) -> None:
 
         if evidence.run.status in ("failed", "oom"):
             sys.stdout.flush()
-        console = Console(soft_wrap=False)
+        from diag.commands._common import stdout_console
+
+        console = stdout_console(soft_wrap=False)
         from diag.report.console import render_console
 
         render_console(evidence, findings, console, verbose=args.verbose)

@@ -37,8 +37,9 @@ def run(args) -> int:
     elif args.format == "markdown":
         sys.stdout.write(markdown(reg.specs))
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from diag.commands._common import stdout_console
 
         t = Table(title=f"{len(reg.specs)} checks", show_lines=False)
         t.add_column("id", style="bold", no_wrap=True)
@@ -46,7 +47,7 @@ def run(args) -> int:
         t.add_column("what it looks for")
         for s in reg.specs:
             t.add_row(s.id, s.severity, " ".join(s.description.split()))
-        Console().print(t)
+        stdout_console().print(t)
     for p in reg.problems:
         print(f"diag: warning: plugin {p.entry_point} failed to load: {p.error}", file=sys.stderr)
     return 0

@@ -181,11 +181,10 @@ def _emit(args, ev, plan: dict, from_saved: bool = False) -> int:
                "exit_code": code, "plan": plan}
         sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
     else:
-        from rich.console import Console
-
+        from diag.commands._common import stdout_console
         from diag.memory.report import render_plan
 
-        render_plan(plan, Console(soft_wrap=False), script=ev.run.script)
+        render_plan(plan, stdout_console(soft_wrap=False), script=ev.run.script)
         if ev.run.status in ("failed", "oom") and plan["status"] != "ok":
             sys.stderr.write(f"diag: the script {ev.run.status}; its output is in {ev.run.log_path}\n")
     return code
