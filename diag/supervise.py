@@ -166,15 +166,18 @@ def kill_everything(run_id: str | None, root: int | None, known=(), exclude: tup
                     rounds: int = 4) -> None:
     """Kill the child's tree, every marked process and every pid seen earlier (checked against its start
     time, so a reused pid is spared). Repeated a few times: a process may fork while being killed."""
-    seen: set[int] = set()
+    seen: dict[int, int | None] = {}     # pid -> its parent when first seen
+    me = os.getpid()
     try:
         for _ in range(rounds):
             if not _kill_round(run_id, root, known, exclude, seen):
                 return
             time.sleep(0.02)
     finally:
-        for pid in seen:
-            if pid != root:
+        # collect the orphans re-parented to diag; never a process diag started itself (its Popen
+        # object collects it, and would otherwise lose the exit status)
+        for pid, parent in seen.items():
+            if pid != root and parent is not None and parent != me:
                 _reap(pid)
 
 
@@ -190,11 +193,22 @@ def _kill_round(run_id, root, known, exclude, seen) -> bool:
             pids.add(pid)
     pids.difference_update(exclude)
     alive = [p for p in pids if _alive(p)]
-    seen.update(alive)
+    for p in alive:
+        if p not in seen:
+            seen[p] = _ppid(p)
     if not alive:
         return False
     kill_pids(alive)
     return True
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _alive(pid: int) -> bool:

@@ -161,7 +161,10 @@ def _run_script(args, target: dict | None) -> int:
     with run.lock:
         ev.memory_plan = plan
     run.save()
-    return _emit(args, ev, plan)
+    code = _emit(args, ev, plan)
+    if run.disk_error:       # what was observed is shown above; why the run ended, in one sentence
+        raise DiagError(run.disk_error)
+    return code
 
 
 def exit_code(ev, plan: dict) -> int:
