@@ -101,7 +101,10 @@ def execute(args, echo_default: str = "stdout"):
         run = Run(run_config(args, echo="stderr" if machine else echo_default))
         how = (f"under torchrun, {run.config.nproc_per_node} process(es) per node, the probe in every rank"
                if run.config.nproc_per_node else "under the probe")
-        sys.stderr.write(f"diag: running {run.script} {how} (run directory {run.run_dir})\n")
+        from diag.sanitize import for_terminal
+
+        sys.stderr.write(f"diag: running {for_terminal(run.script)} {how} "
+                         f"(run directory {for_terminal(run.run_dir)})\n")
         sys.stderr.flush()
         run.start()
         interrupted = False

@@ -140,7 +140,9 @@ def _run_script(args, target: dict | None) -> int:
         env["DIAG_MEMORY_EVAL_BATCH"] = str(args.eval_batch)
     cfg.env.update(env)
     run = Run(cfg)
-    sys.stderr.write(f"diag: running {run.script} for {cfg.steps} step(s) under the probe "
+    from diag.sanitize import for_terminal
+
+    sys.stderr.write(f"diag: running {for_terminal(run.script)} for {cfg.steps} step(s) under the probe "
                      f"(run directory {run.run_dir})\n")
     sys.stderr.flush()
     run.start()
