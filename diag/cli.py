@@ -96,7 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("diag: interrupted\n")
         return ExitCode.INTERRUPTED
     except BrokenPipeError:
-        return ExitCode.OK
+        return _closed_stdout()
+
+
+def _closed_stdout() -> int:
+    """stdout was a pipe and its reader went away (``diag check ... | head -1``): end quietly, the
+    conventional way: no traceback, no "Exception ignored" at exit, the status of a process ended by
+    SIGPIPE (128 + 13)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 def entry() -> None:

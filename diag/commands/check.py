@@ -87,8 +87,10 @@ def execute(args, echo_default: str = "stdout"):
     if not args.from_ and not args.script:
         raise DiagError("nothing to check: give --script PATH (or --from EVIDENCE)",
                         hint="diag demo runs a bundled example; diag check --help shows the options")
-    # bad selections are usage errors, found before anything runs
+    # bad selections are usage errors, found before anything runs; so is an unwritable -o
     registry = Registry.discover().select(_split(args.select), _split(args.ignore))
+    if getattr(args, "output", None):
+        check_output_path(args.output)
     machine = args.format != "text"
     if args.from_:
         evidence = load_from(args.from_)
@@ -99,7 +101,10 @@ def execute(args, echo_default: str = "stdout"):
         run = Run(run_config(args, echo="stderr" if machine else echo_default))
         how = (f"under torchrun, {run.config.nproc_per_node} process(es) per node, the probe in every rank"
                if run.config.nproc_per_node else "under the probe")
-        sys.stderr.write(f"diag: running {run.script} {how} (run directory {run.run_dir})\n")
+        from diag.sanitize import for_terminal
+
+        sys.stderr.write(f"diag: running {for_terminal(run.script)} {how} "
+                         f"(run directory {for_terminal(run.run_dir)})\n")
         sys.stderr.flush()
         run.start()
         interrupted = False
@@ -112,6 +117,10 @@ def execute(args, echo_default: str = "stdout"):
             evidence.run.status = "interrupted"
             evidence.run.stop_reason = f"interrupted by {run._signal}" if run._signal else "interrupted by Ctrl-C"
             run.save()
+        args._disk_error = run.disk_error
+        if run.run_deleted:
+            sys.stderr.write(f"diag: the script deleted its run directory {run.run_dir}; the report below "
+                             "holds what was read before that (log.txt is lost)\n")
     if getattr(evidence.run, "source", "probe") == "attach":   # sampled by diag attach: its judgement
         from diag.attach.judge import judge
         findings = judge(evidence, _split(args.select), _split(args.ignore))
@@ -128,6 +137,20 @@ def execute_script(script: str, script_args: list[str], *, steps=None, max_time=
                             format="json", steps=steps, max_time=max_time, run_dir=None,
                             script_args=script_args, simulate_gpus=None, gpu_interval=1.0)
     return execute(ns)
+
+
+def check_output_path(path: str) -> None:
+    """-o FILE is checked before anything runs: its directory must exist and be writable."""
+    import os
+
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise DiagError(f"-o {path!r} is a directory; give a file name")
+    if not os.path.isdir(parent):
+        raise DiagError(f"-o {path!r}: the directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise DiagError(f"-o {path!r}: the directory {parent!r} is not writable")
 
 
 def run(args) -> int:
@@ -153,7 +176,12 @@ def run(args) -> int:
     comparison = None
     if baseline is not None:
         comparison, code = _compare(args, baseline, evidence, findings, code, thresholds)
+    disk = getattr(args, "_disk_error", None)
+    if disk:
+        code = ExitCode.USAGE
     _emit(args, evidence, findings, code, comparison)
+    if disk:   # the report above holds what was observed; say why the run ended, last, in one sentence
+        raise DiagError(disk)
     return code
 
 
@@ -187,7 +215,7 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
     run_dir = evidence.run.run_dir if not args.from_ else None
     if run_dir and Path(run_dir).is_dir():
         try:
-            (Path(run_dir) / "report.json").write_text(render_json(evidence, findings, code, comparison))
+            write_private(Path(run_dir) / "report.json", render_json(evidence, findings, code, comparison))
         except OSError:
             pass
     if args.format == "text":
@@ -195,7 +223,9 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
 
         if evidence.run.status in ("failed", "oom"):
             sys.stdout.flush()
-        console = Console(soft_wrap=False)
+        from diag.commands._common import stdout_console
+
+        console = stdout_console(soft_wrap=False)
         from diag.report.console import render_console
 
         render_console(evidence, findings, console, verbose=args.verbose)
@@ -249,6 +279,16 @@ def _junit_with_comparison(check_xml: str, comparison) -> str:
     for attr in ("tests", "failures", "errors"):
         root.set(attr, str(sum(int(s.get(attr, "0")) for s in root)))
     return ET.tostring(root, encoding="unicode")
+
+
+def write_private(path, text: str) -> None:
+    """Write a file of the run directory readable by its owner only (0600), like the rest of it."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
 
 
 def _write(path: str, text: str) -> None:

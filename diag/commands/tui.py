@@ -166,9 +166,13 @@ def run(args) -> int:
             sys.stderr.write(f"diag: {attach.error}\n")
     if run is not None:
         ev = run.evidence
+        from diag.sanitize import for_terminal
+
         sys.stderr.write(f"diag: the script {ev.run.status}"
-                         f"{' (' + ev.run.stop_reason + ')' if ev.run.stop_reason else ''}; run directory: "
+                         f"{' (' + for_terminal(ev.run.stop_reason) + ')' if ev.run.stop_reason else ''}; run directory: "
                          f"{run.run_dir} (evidence.json, log.txt, report.json)\n")
+        if run.disk_error:
+            raise DiagError(run.disk_error)
         if ev.run.status in ("failed", "oom", "killed"):
             return ExitCode.SCRIPT_FAILED
     return ExitCode.OK
@@ -180,15 +184,21 @@ def _finish(run, app) -> None:
 
     if run.proc is not None and run.running:
         run.stop("stopped: diag tui was closed", "stopped")
-        run._done.wait(GRACE_S + 5)
+        try:
+            run._done.wait(GRACE_S + 5)
+        except KeyboardInterrupt:     # a second Ctrl-C: everything dies now
+            run.kill_all()
+            run._done.wait(5)
     try:
         from diag.report.json import render_json
         from diag.tui.live import default_checker
 
         findings = default_checker()(run.evidence)
+        from diag.commands.check import write_private
         from diag.errors import exit_code_for
 
         code = exit_code_for(run.evidence, findings, "error")
-        (run.run_dir / "report.json").write_text(render_json(run.evidence, findings, code) + "\n")
+        if run.run_dir.is_dir():
+            write_private(run.run_dir / "report.json", render_json(run.evidence, findings, code) + "\n")
     except Exception as e:  # the report is a convenience; the evidence is already saved
         sys.stderr.write(f"diag: could not write report.json: {e}\n")

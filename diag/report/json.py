@@ -25,14 +25,18 @@ def summary(evidence, findings) -> dict:
 
 
 def report_dict(evidence, findings, exit_code: int, comparison=None) -> dict:
+    """The report; strings keep their data but lose ANSI colour codes (captured from a script's
+    output), and secret-looking script arguments are redacted (docs/reliability: redaction)."""
     from diag.compare.extract import export
+    from diag.redact import redact_args
+    from diag.sanitize import strip_ansi
 
     run = evidence.run
     out = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "tool": {"name": "diag", "version": __version__},
         "run": {
-            "id": run.id, "script": run.script, "args": run.args, "status": run.status,
+            "id": run.id, "script": run.script, "args": redact_args(run.args), "status": run.status,
             "exit_code": run.exit_code, "wall_s": run.wall_s, "stop_reason": run.stop_reason,
             "run_dir": run.run_dir, "log": run.log_path,
             "evidence": (run.run_dir + "/evidence.json") if run.run_dir else None,
@@ -48,7 +52,7 @@ def report_dict(evidence, findings, exit_code: int, comparison=None) -> dict:
     }
     if comparison is not None:
         out["comparison"] = comparison.to_dict()
-    return out
+    return strip_ansi(out)
 
 
 def render_json(evidence, findings, exit_code: int, comparison=None) -> str:

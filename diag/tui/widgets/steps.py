@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 
+from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
 from diag.tui.models.steps import phase_shares, summarize_steps
 from diag.tui.widgets import Pane, UIState
@@ -156,7 +157,7 @@ class StepsPane(Pane):
             for r in s.ranks:
                 m = r.median or {}
                 style = "bold yellow" if r is slowest else ""
-                table.add_row(Text(str(r.rank), style=style), r.host, r.status, str(r.steps),
+                table.add_row(Text(str(r.rank), style=style), safe(r.host), safe(r.status), str(r.steps),
                               Text(fmt.ms(m.get("total_s")), style=style), fmt.ms(m.get("data_s")),
                               fmt.ms(m.get("forward_s")), fmt.ms(m.get("backward_s")),
                               fmt.ms(m.get("optimizer_s")), fmt.si(r.samples_s), fmt.si(r.tokens_s))
