@@ -25,8 +25,8 @@ from diag import __version__, supervise
 from diag.errors import DiagError, ExitCode
 from diag.evidence import Evidence
 from diag.fold import fold
-from diag.redact import redact_args
 from diag.logtext import shown_line
+from diag.redact import redact_args
 
 GRACE_S = 5.0          # between SIGTERM and SIGKILL
 SAVE_EVERY_S = 1.0     # evidence.json is rewritten at most this often while the run goes on
