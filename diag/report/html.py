@@ -458,17 +458,20 @@ def _steps_section(evidence, findings, charts: dict[str, Any]) -> str:
                              "CUDA-event phase times, as the GPU ran them.", height=260))
     steps = primary.timed_steps()
     hist = _histogram([s.total_s for s in steps])
-    if hist:
-        charts["hist"] = {"type": "hist", **hist}
-        out.append(chart("hist", f"Distribution of step times (rank {primary.rank})",
-                         f"{len(steps):,} timed steps in {len(hist['counts'])} bins.", height=220))
     med = primary.median_step()
+    row = []
     if med:
         rows = [(label, ms(med.get(key)), f"{(med.get(key) or 0) / med['total_s']:.0%}" if med["total_s"] else "")
                 for key, label in PHASES if key in med]
         rows.append(("step", ms(med["total_s"]), "100%"))
-        out.append(f'<h3>Median step (rank {primary.rank}, {med["n"]} timed steps)</h3>'
-                   + table(("phase", "median", "share"), rows, cls="phases"))
+        row.append(f'<div><h3>Median step (rank {primary.rank}, {med["n"]} timed steps)</h3>'
+                   + table(("phase", "median", "share"), rows, cls="phases") + "</div>")
+    if hist:
+        charts["hist"] = {"type": "hist", **hist}
+        row.append(chart("hist", f"Distribution of step times (rank {primary.rank})",
+                         f"{len(steps):,} timed steps in {len(hist['counts'])} bins.", height=220))
+    if row:
+        out.append('<div class="grid2">' + "".join(row) + "</div>")
     if evidence.multi_rank:
         out.append(_ranks_table(evidence, straggler, charts))
     out.append("</section>")
