@@ -562,3 +562,38 @@ def test_browser_reports_a_broken_chart(chromium, tmp_path):
     r = render(path, chromium)
     assert r.body.get("data-rendered") == "error"
     assert r.errors == ["no chart data for nope"]
+
+
+def test_odd_free_form_sections_do_not_break_the_page():
+    """Free-form evidence sections (GPU telemetry, memory records, FLOPs) with wrong types inside:
+    the page is still made, every section with it."""
+    ev = EvidenceBuilder().steps(6).build()
+    ev.gpu = {"provider": "nvml", "devices": [{"index": "0", "name": 5, "stats": 3,
+                                               "series": {"t": ["a", None, 3], "util": "x", "mem_used": [1, "b"]}},
+                                              "junk"],
+              "host": {"series": {"t": [1, 2], "cpu": None, "mem_used": ["x", 2]}, "mem_total": "lots"}}
+    r = ev.primary
+    r.memory.update({"breakdown": {"categories": {"parameters": "big", "other": None}}, "persistent": 7,
+                     "estimate": {"status": "ok", "points": [{"batch": "x"}, {"batch": 4, "device": "y"}],
+                                  "at_target": 5, "accumulation": 3}, "steps": [3, {"peak": "x"}]})
+    ev.memory_plan = {"status": "ok", "verdict": 5, "target": "x", "estimate": 3}
+    for s in r.steps:
+        s.extra["device_phases"] = {"a": "b"}
+    r.flops.update({"measured": {"flops": "x", "samples": "y"}})
+    text = H.render_html(ev, [], 0)
+    page = Page(text)
+    assert {"steps", "findings", "gpus", "memory", "cost"} <= page.ids()
+    assert "could not be drawn" not in text
+    assert page.data()["charts"]["steps-r0"]["x"]
+
+
+def test_a_section_that_fails_leaves_a_sentence(monkeypatch):
+    def boom(*a):
+        a[-1]["half"] = {"type": "lines"}          # a chart registered before the failure is dropped
+        raise ValueError("odd")
+
+    monkeypatch.setattr(H, "_memory_section", boom)
+    ev = EvidenceBuilder().steps(6).build()
+    page = Page(H.render_html(ev, [], 0))
+    assert "This section could not be drawn from this evidence (ValueError: odd)." in "".join(page.text)
+    assert "memory" in page.ids() and "half" not in page.data()["charts"]

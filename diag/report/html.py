@@ -520,7 +520,6 @@ def _gpu_section(evidence, charts: dict[str, Any]) -> str:
     else:
         rows = []
         util, mem = [], []
-        xs_all: list[float] = []
         for d in devices:
             st = d.get("stats") if isinstance(d.get("stats"), dict) else {}
             se = d.get("series") if isinstance(d.get("series"), dict) else {}
@@ -538,8 +537,7 @@ def _gpu_section(evidence, charts: dict[str, Any]) -> str:
                 util.append({"label": label, "x": _round(u["x"], 3), "y": _round(u["med"], 2)})
                 mem.append({"label": label, "x": _round(m["x"], 3), "y": _round(m["max"], 0),
                             "total": total})
-                xs_all += t
-        out.append(table(("GPU", "name", "used by the run", "util mean", "util max", "memory max", "memory total",
+            out.append(table(("GPU", "name", "used by the run", "util mean", "util max", "memory max", "memory total",
                           ""), rows, cls="gpus"))
         if util:
             charts["gpu-util"] = {"type": "lines", "lines": util, "unit": "%", "ymax": 100, "xlabel": "s"}
@@ -566,6 +564,15 @@ def _gpu_section(evidence, charts: dict[str, Any]) -> str:
         pass
     out.append("</section>")
     return "".join(out)
+
+
+def _d(x: Any) -> dict:
+    """``x`` when it is a dict, else an empty one (free-form evidence sections are not trusted)."""
+    return x if isinstance(x, dict) else {}
+
+
+def _l(x: Any) -> list:
+    return x if isinstance(x, list) else []
 
 
 def _pct(x: Any) -> str:
@@ -621,8 +628,8 @@ def _plan_html(evidence, charts: dict[str, Any]) -> str:
         reason = ((plan or {}).get("reason")
                   or "no batch-size replay was recorded (diag memory records one)")
         return f'<h3>Memory plan</h3><p class="muted">No memory plan: {esc(reason)}.</p>'
-    v = plan.get("verdict") or {}
-    est = plan.get("estimate") or {}
+    v = _d(plan.get("verdict"))
+    est = _d(plan.get("estimate"))
     target = plan.get("target") if isinstance(plan.get("target"), dict) else None
     tname = (target or {}).get("name") or est.get("capacity_source") or "the device"
     facts = [("target device", tname), ("capacity", fmt_bytes(v.get("capacity"))),
@@ -637,7 +644,7 @@ def _plan_html(evidence, charts: dict[str, Any]) -> str:
         facts.append(("accumulation", f"micro-batch {acc.get('micro_batch')} × {acc.get('steps')} steps = "
                                       f"{acc.get('effective_batch')}"))
     out = ['<h3>Memory plan</h3>', table(("", ""), [(k, "N/A" if x is None else x) for k, x in facts], cls="kv")]
-    pts = [p for p in est.get("points") or [] if isinstance(p, dict) and _num(p.get("batch")) is not None]
+    pts = [p for p in _l(est.get("points")) if isinstance(p, dict) and _num(p.get("batch")) is not None]
     pts.sort(key=lambda p: p["batch"])
     if pts:
         rows = [(p["batch"], fmt_bytes(p.get("device") or p.get("peak")),
@@ -735,6 +742,20 @@ def _cost_section(evidence, charts: dict[str, Any]) -> str:
 
 # ---- the report ----------------------------------------------------------------------------------------
 
+def _guarded(section: str, title: str, fn, *args) -> str:
+    """A section, or, when the evidence holds something it cannot draw, the section's heading and one
+    sentence saying so (the rest of the report stands; its charts are left out)."""
+    charts = args[-1]
+    before = dict(charts)
+    try:
+        return fn(*args)
+    except Exception as e:      # odd free-form evidence: a notice in the page, never a traceback
+        charts.clear()
+        charts.update(before)
+        return (f'<section id="{esc(section)}"><h2>{esc(title)}</h2><p class="muted">This section could not be '
+                f'drawn from this evidence ({esc(type(e).__name__)}: {esc(e)}).</p></section>')
+
+
 def report_data(evidence, findings, exit_code: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(body markup, data island, header facts) of a check report."""
     facts = header_facts(evidence, findings, exit_code)
@@ -743,11 +764,11 @@ def report_data(evidence, findings, exit_code: int) -> tuple[str, dict[str, Any]
         _header(evidence, facts),
         '<nav><a href="#steps">Steps</a> <a href="#findings">Findings</a> <a href="#gpus">GPUs</a> '
         '<a href="#memory">Memory</a> <a href="#cost">Cost</a></nav><main>',
-        _steps_section(evidence, findings, charts),
+        _guarded("steps", "Steps", _steps_section, evidence, findings, charts),
         _findings(findings),
-        _gpu_section(evidence, charts),
-        _memory_section(evidence, charts),
-        _cost_section(evidence, charts),
+        _guarded("gpus", "GPUs and host", _gpu_section, evidence, charts),
+        _guarded("memory", "Memory", _memory_section, evidence, charts),
+        _guarded("cost", "Cost estimate", _cost_section, evidence, charts),
         "</main>",
     ])
     data = {"kind": "check", "facts": facts, "charts": charts}
