@@ -469,7 +469,7 @@ def _steps_section(evidence, findings, charts: dict[str, Any]) -> str:
     if hist:
         charts["hist"] = {"type": "hist", **hist}
         row.append(chart("hist", f"Distribution of step times (rank {primary.rank})",
-                         f"{len(steps):,} timed steps in {len(hist['counts'])} bins.", height=220))
+                         f"{len(steps):,} timed steps in {len(hist['counts'])} bin{'s' if len(hist['counts']) != 1 else ''}.", height=220))
     if row:
         out.append('<div class="grid2">' + "".join(row) + "</div>")
     if evidence.multi_rank:
