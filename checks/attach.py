@@ -19,7 +19,11 @@ import math
 from diag.findings import Finding, Location, Severity
 from diag.registry import check
 
-from ._util import pct, skipped
+from ._util import pct
+
+
+def skipped(id: str, title: str, reason: str, **evidence) -> Finding:   # old-API helper (port pending)
+    return Finding(id=id, severity=Severity.SKIPPED, title=title, message=reason, evidence=evidence)
 
 DOCS = "docs/attach.md"
 DATA_WARN = 0.25        # share of main-thread samples waiting for the DataLoader
