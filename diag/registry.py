@@ -215,7 +215,14 @@ class Registry:
         for info in pkgutil.iter_modules(pkg.__path__):
             if info.name.startswith("_") or info.name == "api":
                 continue
-            mod = importlib.import_module(f"diag.checks.{info.name}")
+            try:
+                mod = importlib.import_module(f"diag.checks.{info.name}")
+            except Exception as e:   # a broken built-in module is a crashed result, never diag's traceback
+                self.problems.append(LoadProblem(
+                    f"diag.checks.{info.name} (built-in)", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__,
+                    title="A built-in check module failed to load",
+                    fix="This is a bug in diag: please report it with this message; the other checks still ran."))
+                continue
             self._add([s for s in _specs_in(mod, "builtin") if s.id not in owner], owner)
 
     def _timeout(self) -> float | None:
