@@ -126,11 +126,7 @@ def execute(args, echo_default: str = "stdout"):
         if run.run_deleted:
             sys.stderr.write(f"diag: the script deleted its run directory {run.run_dir}; the report below "
                              "holds what was read before that (log.txt is lost)\n")
-    if getattr(evidence.run, "source", "probe") == "attach":   # sampled by diag attach: its judgement
-        from diag.attach.judge import judge
-        findings = judge(evidence, _split(args.select), _split(args.ignore))
-    else:
-        findings = registry.run(evidence)
+    findings = registry.run(evidence)   # probe or attach evidence alike: each check knows what it can judge
     return evidence, findings
 
 
