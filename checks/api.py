@@ -114,25 +114,9 @@ def peak_flops(device_name: str | None, precision: str = "fp32") -> "tuple[str |
     """Look a GPU up by name in diag's catalogue: ``(catalogue id, dense peak FLOP/s per device for
     the precision, note)``; the peak is None (and the note says why) when the catalogue has no figure.
     Judged in diag's process, so a corrected catalogue re-judges saved evidence."""
-    if not device_name:
-        return None, None, "the device name was not recorded"
-    from diag.cost.catalog import load_catalog
-    from diag.errors import DiagError
+    from diag.cost.measured import peak_for
 
-    note = None
-    try:
-        cat = load_catalog()
-    except DiagError as e:
-        cat = load_catalog(user=False)
-        note = f"your GPU catalogue was not used ({e.message})"
-    gpu = cat.match_device(device_name)
-    if gpu is None:
-        return None, None, (f"{device_name!r} is not in the GPU catalogue: add it to "
-                            "~/.config/diag/gpus.toml for MFU")
-    peak = gpu.peak_flops(precision, per="device")
-    if peak is None:
-        return gpu.id, None, f"{gpu.name} has no dense {precision} rate in the catalogue"
-    return gpu.id, peak, note
+    return peak_for(device_name, precision)
 
 
 def flops_summary(r: RankEvidence) -> "tuple[dict, dict] | None":
@@ -140,23 +124,11 @@ def flops_summary(r: RankEvidence) -> "tuple[dict, dict] | None":
     where ``measured`` is ``r.flops['measured']`` with ``gpu``, ``peak_flops`` and ``peak_note`` looked
     up now from the recorded device name (evidence from older probes that stored a peak keeps it
     when the catalogue has none), and ``summary`` holds step_s, steps_timed, model_flops_per_s,
-    mfu, hfu, samples_per_s, tokens_per_s, overhead_ratio. None when no FLOPs were measured."""
-    from diag.cost.measured import summarize, timed_totals
+    mfu, hfu, samples_per_s, tokens_per_s, overhead_ratio. None when no FLOPs were measured.
+    The same computation as ``diag cost`` and ``diag compare`` (diag.cost.measured.judge_rank)."""
+    from diag.cost.measured import judge_rank
 
-    flops = r.flops if isinstance(r.flops, dict) else {}
-    measured = flops.get("measured")
-    if not isinstance(measured, dict) or not measured.get("flops"):
-        return None
-    m = dict(measured)
-    if m.get("device") == "cpu" or (not m.get("device_name") and m.get("device") in (None, "cpu")):
-        m.setdefault("peak_note", "CPU run: the catalogue has no CPU peaks, so MFU is N/A")
-    elif m.get("device_name"):
-        gpu_id, peak, note = peak_flops(m.get("device_name"), m.get("precision") or "fp32")
-        if peak is not None or not m.get("peak_flops"):
-            m["gpu"], m["peak_flops"], m["peak_note"] = gpu_id or m.get("gpu"), peak, note
-    totals = timed_totals((s.index, s.total_s, s.instrumented) for s in r.steps)
-    instrumented = [s.total_s for s in r.steps if s.instrumented]
-    return m, summarize(m, totals, instrumented)
+    return judge_rank(r)
 
 
 def cuda_training(why: str = "the check is about CUDA training.") -> Precondition:
