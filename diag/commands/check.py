@@ -140,15 +140,15 @@ def execute_script(script: str, script_args: list[str], *, steps=None, max_time=
     return execute(ns)
 
 
-def check_outputs(args) -> None:
+def check_outputs(args, example: str = "diag check --script train.py --format html -o report.html") -> None:
     """Usage errors of the report options, found before anything runs: -o/--html must name a file in
-    an existing, writable directory; HTML is never written to a terminal."""
+    an existing, writable directory; HTML is never written to a terminal (``example`` is the hint)."""
     import os
 
     output = getattr(args, "output", None)
     if args.format == "html" and not output and sys.stdout.isatty():
         raise DiagError("--format html writes a web page, which a terminal cannot show: give -o FILE "
-                        "(or redirect stdout to a file)", hint="diag check --script train.py --format html -o report.html")
+                        "(or redirect stdout to a file)", hint=example)
     for opt, path in (("-o", output), ("--html", getattr(args, "html", None))):
         if not path:
             continue
