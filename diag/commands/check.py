@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from diag.commands._common import add_run_arguments, run_config
-from diag.errors import DiagError, exit_code_for
+from diag.errors import DiagError, ExitCode, exit_code_for
 
 DESCRIPTION = """\
 Run a training script, unchanged, under diag's probe; gather evidence (step timing, data loading,
@@ -175,7 +175,7 @@ def run(args) -> int:
         from diag.compare.core import parse_thresholds
 
         if args.format == "sarif":
-            raise DiagError("--baseline reports in text, json or junit; SARIF holds findings only")
+            raise DiagError("--baseline reports in text, json, junit or html; SARIF holds findings only")
         thresholds = parse_thresholds(args.max_regression)
         baseline = extract.load(args.baseline, select=_split(args.select), ignore=_split(args.ignore))
     elif getattr(args, "max_regression", None) or getattr(args, "force", False):
@@ -250,7 +250,7 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
                 render_text(comparison, rec)
             _write(args.output, rec.export_text())
     elif args.format == "html":
-        text = render("html", evidence, findings, code)
+        text = render("html", evidence, findings, code, comparison=comparison)
         if args.output:
             _write(args.output, text)
             sys.stderr.write(f"diag: HTML report written to {args.output}\n")
@@ -273,7 +273,7 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
             _write(args.output, text + "\n")
     html_path = getattr(args, "html", None)
     if html_path:
-        _write(html_path, render("html", evidence, findings, code))
+        _write(html_path, render("html", evidence, findings, code, comparison=comparison))
         sys.stderr.write(f"diag: HTML report written to {html_path}\n")
     if comparison is not None:
         import os
