@@ -618,7 +618,7 @@ def _memory_section(evidence, charts: dict[str, Any]) -> str:
 def _plan_html(evidence, charts: dict[str, Any]) -> str:
     plan = evidence.memory_plan if evidence.memory_plan.get("status") else None
     if not plan and evidence.ranks:
-        from diag.memory.report import build_memory_plan
+        from diag.memory.verdict import build_memory_plan
 
         try:
             plan = build_memory_plan(evidence)
