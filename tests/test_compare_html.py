@@ -154,6 +154,21 @@ def test_cli_refuses_a_terminal_and_bad_paths_before_anything_runs(saved_pair, t
     assert r.code == 2 and "is a directory" in r.stderr and "1 of 1" not in r.stderr
 
 
+def test_check_baseline_html_carries_the_comparison(saved_pair, tmp_path):
+    base, new = saved_pair
+    out = tmp_path / "report.html"
+    r = run_diag("check", "--from", str(new), "--baseline", str(base), "--format", "html", "-o", str(out))
+    assert r.code == 1 and r.stdout == "", r.stderr           # the regression fails the check too
+    page = Page(out.read_text(encoding="utf-8"))
+    assert {"baseline", "baseline-metrics", "baseline-attribution", "baseline-findings", "steps", "findings"} <= page.ids()
+    (verdict,) = page.find("p", id="baseline-verdict")
+    assert verdict["data-verdict"] == "regression"
+    data = page.data()
+    assert data["kind"] == "check" and data["comparison"]["regressions"] == ["step_time", "samples_per_s"]
+    assert {"baseline-phases", "baseline-dist", "baseline-steps"} <= set(data["charts"])
+    assert {a["data-chart"] for a in page.find("canvas")} == set(data["charts"])
+
+
 # ---- a real browser -----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -177,6 +192,17 @@ def test_browser_draws_every_chart_without_errors(chromium, slower, tmp_path):
     assert r.errors == [] and r.console_errors == []
     assert r.body.get("data-rendered") == "ok"
     assert int(r.body["data-charts"]) == len(Page(text).find("canvas")) == 3
+
+
+def test_browser_draws_the_baseline_section_of_a_check_page(chromium, saved_pair, tmp_path):
+    from diag.report.browser import render
+
+    base, new = saved_pair
+    out = tmp_path / "report.html"
+    assert run_diag("check", "--from", str(new), "--baseline", str(base), "--format", "html", "-o", str(out)).code == 1
+    r = render(out, chromium)
+    assert r.errors == [] and r.console_errors == [] and r.body.get("data-rendered") == "ok"
+    assert int(r.body["data-charts"]) == len(Page(out.read_text(encoding="utf-8")).find("canvas"))
 
 
 def test_browser_runs_no_injected_script(chromium, tmp_path):

@@ -151,7 +151,7 @@ def _header(c: Comparison) -> str:
             f'<div class="tiles">{tiles_html}</div></header>')
 
 
-def _metrics(c: Comparison) -> str:
+def _metrics(c: Comparison, prefix: str = "", heading: bool = True) -> str:
     from diag.report.compare import rows
 
     rs = rows(c)
@@ -165,16 +165,16 @@ def _metrics(c: Comparison) -> str:
                      Raw(f'<span class="badge sev-{badge}">{esc(r["verdict"])}</span>')))
         classes.append(_ROW_CLASS.get(r["verdict"], ""))
     conf = f"{int(c.confidence * 100)}% CI"
-    return ('<section id="metrics"><h2>Metrics</h2>'
-            f'<p class="muted">A change is a regression only when its whole {esc(conf)} lies beyond the threshold; '
+    return (f'<section id="{prefix}metrics">' + ("<h2>Metrics</h2>" if heading else "")
+            + f'<p class="muted">A change is a regression only when its whole {esc(conf)} lies beyond the threshold; '
             'phases (·) explain the step time and are gated only when a threshold names them.</p>'
             + table(("metric", "base", "new", "change", conf, "threshold", "verdict"), body, cls="metrics",
                     row_classes=classes)
             + "</section>")
 
 
-def _attribution(c: Comparison, charts: dict[str, Any]) -> str:
-    out = ['<section id="attribution"><h2>Where the time went</h2>']
+def _attribution(c: Comparison, charts: dict[str, Any], prefix: str = "", level: str = "h2") -> str:
+    out = [f'<section id="{prefix}attribution"><{level}>Where the time went</{level}>']
     if c.attribution:
         rows = []
         for a in c.attribution:
@@ -193,31 +193,31 @@ def _attribution(c: Comparison, charts: dict[str, Any]) -> str:
     row = []
     med = phase_medians(c)
     if med:
-        charts["phases"] = med
-        row.append(chart("phases", "Median per phase, base vs new",
+        charts[prefix + "phases"] = med
+        row.append(chart(prefix + "phases", "Median per phase, base vs new",
                          "Median of each phase over the steady-state steps of each side.", height=260))
     dist = distribution(c)
     if dist:
-        charts["dist"] = dist
+        charts[prefix + "dist"] = dist
         cap = "Steady-state step times on shared bins, as a share of each side's steps."
         if dist["overflow"]:
             cap += " The last bin also holds the long tail (beyond 3× the 99th percentile)."
-        row.append(chart("dist", "Distribution of step times, base vs new", cap, height=260))
+        row.append(chart(prefix + "dist", "Distribution of step times, base vs new", cap, height=260))
     if row:
         out.append('<div class="grid2">' + "".join(row) + "</div>")
     lines = step_lines(c)
     if lines:
-        charts["steps"] = lines
-        out.append(chart("steps", "Step time per steady-state step",
+        charts[prefix + "steps"] = lines
+        out.append(chart(prefix + "steps", "Step time per steady-state step",
                          "Warm-up and instrumented steps left out on both sides alike; long runs are "
                          "downsampled to bucket medians.", height=240))
     out.append("</section>")
     return "".join(out)
 
 
-def _findings(c: Comparison) -> str:
+def _findings(c: Comparison, prefix: str = "", level: str = "h2") -> str:
     f = c.findings
-    out = ['<section id="findings"><h2>Findings, base → new</h2>']
+    out = [f'<section id="{prefix}findings"><{level}>Findings, base → new</{level}>']
     if not (f.get("new") or f.get("gone") or f.get("changed")):
         out.append('<p class="muted">The same findings on both sides.</p>')
 
@@ -260,6 +260,21 @@ def _runs(c: Comparison) -> str:
         out.append("<h3>What differs between the runs</h3>" + table(("fact", "base", "new", ""), drows, cls="differences"))
     out.append(f'<p class="muted">{esc(_excluded(c))}.</p></section>')
     return "".join(out)
+
+
+def baseline_section(c: Comparison, charts: dict[str, Any]) -> str:
+    """The comparison inside a check page (``diag check --baseline --format html``): the verdict, the
+    metric table, where the time went with its charts (ids prefixed ``baseline-``), the findings diff."""
+    from diag.report.compare import status_line
+
+    bad = bool(c.regressions)
+    return (f'<section id="baseline"><h2>Compared with the baseline</h2>'
+            f'<p class="verdict {"bad" if bad else "ok"}" id="baseline-verdict" '
+            f'data-verdict="{"regression" if bad else "ok"}"><b>{esc(status_line(c))}</b></p>'
+            f'<p class="headline">{esc(c.headline)}</p>'
+            + _metrics(c, prefix="baseline-", heading=False)
+            + _attribution(c, charts, prefix="baseline-", level="h3")
+            + _findings(c, prefix="baseline-", level="h3") + "</section>")
 
 
 def report_data(c: Comparison) -> tuple[str, dict[str, Any]]:
