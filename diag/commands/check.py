@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from diag.commands._common import add_run_arguments, run_config
-from diag.errors import DiagError, exit_code_for
+from diag.errors import DiagError, ExitCode, exit_code_for
 
 DESCRIPTION = """\
 Run a training script, unchanged, under diag's probe; gather evidence (step timing, data loading,
@@ -126,11 +126,7 @@ def execute(args, echo_default: str = "stdout"):
         if run.run_deleted:
             sys.stderr.write(f"diag: the script deleted its run directory {run.run_dir}; the report below "
                              "holds what was read before that (log.txt is lost)\n")
-    if getattr(evidence.run, "source", "probe") == "attach":   # sampled by diag attach: its judgement
-        from diag.attach.judge import judge
-        findings = judge(evidence, _split(args.select), _split(args.ignore))
-    else:
-        findings = registry.run(evidence)
+    findings = registry.run(evidence)   # probe or attach evidence alike: each check knows what it can judge
     return evidence, findings
 
 
@@ -144,15 +140,15 @@ def execute_script(script: str, script_args: list[str], *, steps=None, max_time=
     return execute(ns)
 
 
-def check_outputs(args) -> None:
+def check_outputs(args, example: str = "diag check --script train.py --format html -o report.html") -> None:
     """Usage errors of the report options, found before anything runs: -o/--html must name a file in
-    an existing, writable directory; HTML is never written to a terminal."""
+    an existing, writable directory; HTML is never written to a terminal (``example`` is the hint)."""
     import os
 
     output = getattr(args, "output", None)
     if args.format == "html" and not output and sys.stdout.isatty():
         raise DiagError("--format html writes a web page, which a terminal cannot show: give -o FILE "
-                        "(or redirect stdout to a file)", hint="diag check --script train.py --format html -o report.html")
+                        "(or redirect stdout to a file)", hint=example)
     for opt, path in (("-o", output), ("--html", getattr(args, "html", None))):
         if not path:
             continue
@@ -179,7 +175,7 @@ def run(args) -> int:
         from diag.compare.core import parse_thresholds
 
         if args.format == "sarif":
-            raise DiagError("--baseline reports in text, json or junit; SARIF holds findings only")
+            raise DiagError("--baseline reports in text, json, junit or html; SARIF holds findings only")
         thresholds = parse_thresholds(args.max_regression)
         baseline = extract.load(args.baseline, select=_split(args.select), ignore=_split(args.ignore))
     elif getattr(args, "max_regression", None) or getattr(args, "force", False):
@@ -254,7 +250,7 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
                 render_text(comparison, rec)
             _write(args.output, rec.export_text())
     elif args.format == "html":
-        text = render("html", evidence, findings, code)
+        text = render("html", evidence, findings, code, comparison=comparison)
         if args.output:
             _write(args.output, text)
             sys.stderr.write(f"diag: HTML report written to {args.output}\n")
@@ -277,7 +273,7 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
             _write(args.output, text + "\n")
     html_path = getattr(args, "html", None)
     if html_path:
-        _write(html_path, render("html", evidence, findings, code))
+        _write(html_path, render("html", evidence, findings, code, comparison=comparison))
         sys.stderr.write(f"diag: HTML report written to {html_path}\n")
     if comparison is not None:
         import os

@@ -41,5 +41,5 @@ def render(fmt: str, evidence, findings, exit_code: int, **kw) -> str:
     if fmt == "html":
         from diag.report.html import render_html
 
-        return render_html(evidence, findings, exit_code)
+        return render_html(evidence, findings, exit_code, kw.get("comparison"))
     raise ValueError(fmt)

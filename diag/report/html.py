@@ -618,7 +618,7 @@ def _memory_section(evidence, charts: dict[str, Any]) -> str:
 def _plan_html(evidence, charts: dict[str, Any]) -> str:
     plan = evidence.memory_plan if evidence.memory_plan.get("status") else None
     if not plan and evidence.ranks:
-        from diag.memory.report import build_memory_plan
+        from diag.memory.verdict import build_memory_plan
 
         try:
             plan = build_memory_plan(evidence)
@@ -756,14 +756,22 @@ def _guarded(section: str, title: str, fn, *args) -> str:
                 f'drawn from this evidence ({esc(type(e).__name__)}: {esc(e)}).</p></section>')
 
 
-def report_data(evidence, findings, exit_code: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(body markup, data island, header facts) of a check report."""
+def report_data(evidence, findings, exit_code: int, comparison=None) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(body markup, data island, header facts) of a check report; with ``comparison`` (``diag check
+    --baseline``), a section comparing the run with the baseline comes first."""
     facts = header_facts(evidence, findings, exit_code)
     charts: dict[str, Any] = {}
+    baseline = ""
+    if comparison is not None:
+        from diag.report.compare_html import baseline_section
+
+        baseline = baseline_section(comparison, charts)
     body = "".join([
         _header(evidence, facts),
-        '<nav><a href="#steps">Steps</a> <a href="#findings">Findings</a> <a href="#gpus">GPUs</a> '
+        '<nav>' + ('<a href="#baseline">Baseline</a> ' if baseline else "")
+        + '<a href="#steps">Steps</a> <a href="#findings">Findings</a> <a href="#gpus">GPUs</a> '
         '<a href="#memory">Memory</a> <a href="#cost">Cost</a></nav><main>',
+        baseline,
         _guarded("steps", "Steps", _steps_section, evidence, findings, charts),
         _findings(findings),
         _guarded("gpus", "GPUs and host", _gpu_section, evidence, charts),
@@ -772,10 +780,12 @@ def report_data(evidence, findings, exit_code: int) -> tuple[str, dict[str, Any]
         "</main>",
     ])
     data = {"kind": "check", "facts": facts, "charts": charts}
+    if comparison is not None:
+        data["comparison"] = comparison.to_dict()
     return body, data, facts
 
 
-def render_html(evidence, findings, exit_code: int) -> str:
-    body, data, facts = report_data(evidence, findings, exit_code)
+def render_html(evidence, findings, exit_code: int, comparison=None) -> str:
+    body, data, facts = report_data(evidence, findings, exit_code, comparison)
     name = (facts["script"] or "in-process run").replace("\\", "/").rsplit("/", 1)[-1]
     return page(f"diag — {name} — {facts['status']}", body, data, simulated=facts["simulated"])

@@ -102,6 +102,26 @@
                                   y: { beginAtZero: true, title: { display: true, text: "steps" } } } })
       };
     },
+    dist: function (c) {
+      /* several distributions on shared bins (diag compare): each side's share of its steps per bin */
+      var labels = [];
+      for (var i = 0; i + 1 < c.edges.length; i++) {
+        labels.push(fmtMs((c.edges[i] + c.edges[i + 1]) / 2));
+      }
+      if (c.overflow && labels.length) {
+        labels[labels.length - 1] = "\u2265 " + fmtMs(c.edges[c.edges.length - 2]);
+      }
+      var datasets = c.sides.map(function (s, i) {
+        return { label: s.label, data: s.share.map(function (v) { return v === null ? null : v * 100; }),
+                 backgroundColor: color(i), barPercentage: 1.0, categoryPercentage: 0.9 };
+      });
+      return {
+        type: "bar", data: { labels: labels, datasets: datasets },
+        options: opts({ plugins: base.plugins, interaction: { mode: "index", intersect: false },
+                        scales: { x: { title: { display: true, text: "step time" }, ticks: { maxTicksLimit: 12 } },
+                                  y: { beginAtZero: true, title: { display: true, text: "% of steps" } } } })
+      };
+    },
     lines: function (c) {
       var bytes = c.unit === "bytes";
       var bu = ["", 1];
