@@ -742,6 +742,8 @@ class Probe:
                 pass
         info["epochs"] += 1
         self.epoch = max(self.epoch, info["epochs"])
+        if self._handover is not None:
+            self._handover.request("loader")   # an epoch or an evaluation loop begins: look again
         try:
             it._diag_loader = info["id"]
             it._diag_first = True
