@@ -1,9 +1,9 @@
-"""Reports: console text (rich), JSON, SARIF, JUnit. None of them imports textual or torch."""
+"""Reports: console text (rich), JSON, SARIF, JUnit, HTML. None of them imports textual or torch."""
 from __future__ import annotations
 
 from typing import Any
 
-FORMATS = ("text", "json", "sarif", "junit")
+FORMATS = ("text", "json", "sarif", "junit", "html")
 
 
 def fmt_value(v: Any) -> str:
@@ -33,9 +33,13 @@ def render(fmt: str, evidence, findings, exit_code: int, **kw) -> str:
     if fmt == "sarif":
         from diag.report.sarif import render_sarif
 
-        return render_sarif(evidence, findings)
+        return render_sarif(evidence, findings, kw.get("source_root"))
     if fmt == "junit":
         from diag.report.junit import render_junit
 
         return render_junit(evidence, findings, **kw)
+    if fmt == "html":
+        from diag.report.html import render_html
+
+        return render_html(evidence, findings, exit_code)
     raise ValueError(fmt)
