@@ -54,7 +54,7 @@ def headline(summary: dict | None) -> str | None:
     """"diag's probe took 0.4% of the median step (12 µs of 2.9 ms)"."""
     if not summary:
         return None
-    return (f"diag's probe took {_pct(summary['median_step_share'])} of the median step "
+    return (f"diag's probe took {pct(summary['median_step_share'])} of the median step "
             f"({_dur(summary['median_probe_s'])} of {_dur(summary['median_step_s'])})")
 
 
@@ -90,7 +90,7 @@ def _get(obj: Any, key: str) -> Any:
     return getattr(obj, key, None)
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     p = 100 * x
     return f"{p:.2f}%" if p < 0.1 else f"{p:.1f}%"
 
@@ -101,3 +101,14 @@ def _dur(s: float) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.1f} ms"
     return f"{s * 1e6:.0f} µs"
+
+
+def of_evidence(evidence) -> dict | None:
+    """The run's probe figures from Evidence: the primary rank's timed steps (warm-up and instrumented
+    steps left out, as from every timing figure) and its ``probe`` section."""
+    ranks = getattr(evidence, "ranks", None)
+    if not ranks:
+        return None
+    r = evidence.primary
+    section = getattr(r, "probe", None)
+    return summarize(r.timed_steps(), dict(section) if section else None)

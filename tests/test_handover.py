@@ -122,9 +122,9 @@ def test_every_step_event_carries_the_probes_own_time_and_the_run_its_cost(monke
     assert len(steps) == 12
     for s in steps:
         assert isinstance(s["probe_s"], float) and 0 < s["probe_s"] < s["total_s"] + 0.5
-    cost = [e for e in events if e["kind"] == "probe_cost"]
+    cost = [e for e in events if e["kind"] == "merge" and e.get("path") == "probe"]
     assert len(cost) == 1
-    c = cost[0]
+    c = cost[0]["value"]
     assert c["handover"] is True and c["windows"] >= 1 and c["handovers"] >= 1
     assert c["own_s"] >= sum(s["probe_s"] for s in steps) * 0.5
     assert {"hooks", "sink"} <= set(c["by_part"]) and "FlopCounter" in c["by_part"]

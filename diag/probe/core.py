@@ -407,7 +407,7 @@ class Probe:
             self.emit("exception", **exception_info(exception, self.steps_done, self.script))
         self._ext("on_exit", status)
         try:
-            self.emit("probe_cost", **self.own_cost())
+            self.emit("merge", path="probe", value=self.own_cost())   # RankEvidence.probe
         except Exception as e:
             self.report_error("probe_cost", e)
         self.emit("end", status=status, exit_code=exit_code, reason=reason, steps=self.steps_done)
