@@ -1,7 +1,7 @@
 """Checks about diag itself: what its probe cost the run it observed (issue 20)."""
 from __future__ import annotations
 
-from diag import probe_cost
+from diag.evidence import probe as probe_cost
 from diag.checks.api import Severity, check
 
 

@@ -1,7 +1,7 @@
-"""Issue 20: the probe's own cost, from Evidence (diag/probe_cost.py, torch-free)."""
+"""Issue 20: the probe's own cost, from Evidence (diag/evidence/probe.py, torch-free)."""
 from __future__ import annotations
 
-from diag import probe_cost
+from diag.evidence import probe as probe_cost
 
 
 def _step(probe_s, total_s, instrumented=False):

@@ -8,7 +8,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from diag import probe_cost
+from diag.evidence import probe as probe_cost
 from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
 from diag.redact import redact_args

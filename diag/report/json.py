@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from diag import __version__, probe_cost
+from diag import __version__
+from diag.evidence import probe as probe_cost
 from diag.findings import Severity, sort_findings
 
 REPORT_SCHEMA_VERSION = 1

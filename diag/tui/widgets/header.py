@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from diag import probe_cost
+from diag.evidence import probe as probe_cost
 from diag.findings import Severity, count_phrase
 from diag.report.style import SEVERITY_STYLES
 from diag.redact import redact_args
