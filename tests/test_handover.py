@@ -129,9 +129,16 @@ def test_every_step_event_carries_the_probes_own_time_and_the_run_its_cost(monke
     assert c["own_s"] >= sum(s["probe_s"] for s in steps) * 0.5
     assert {"hooks", "sink"} <= set(c["by_part"]) and "FlopCounter" in c["by_part"]
     assert c["slow_path_us_per_call"] >= 0
-    # FLOPs are still counted (their per-forward start now comes from the probe, not a global hook)
-    flops = [e for e in events if e["kind"] == "set" and e.get("path") == "flops.achieved"]
-    assert flops and (flops[-1]["value"] or {}).get("forward_flops_per_step", 1) != 0
+    # FLOPs are still counted, and the same as under global hooks (the forward's start now comes
+    # from the probe's on_forward_start, not from a global pre-hook of the FLOP counter's own)
+    ref, _, _ = _run(script, False, monkeypatch, extensions=load_extensions())
+
+    def measured(evs):
+        [m] = [e["value"] for e in evs if e["kind"] == "set" and e.get("path") == "flops.measured"]
+        return {k: m.get(k) for k in ("step", "flops", "forward_flops", "backward_flops", "samples", "n_forward")}
+    got = measured(events)
+    assert got == measured(ref)
+    assert got["forward_flops"] and got["backward_flops"]
 
 
 def test_modules_built_while_the_probe_is_paused_are_not_hooked(monkeypatch):
