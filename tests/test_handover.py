@@ -199,3 +199,24 @@ def test_the_planted_demo_gives_the_same_findings_with_and_without_the_handover(
     with_handover = findings("1")
     assert without, "the planted demo produced no finding"
     assert with_handover == without
+
+
+def test_a_deep_copy_shares_the_hooks_and_outlives_the_probe_quietly(monkeypatch):
+    import copy
+
+    monkeypatch.setenv("DIAG_PROBE_HANDOVER", "1")
+    events: list[dict] = []
+    probe = Probe(events.append).install()
+    try:
+        model = proto._mlp()
+        proto._train(model, 3)
+        ema = copy.deepcopy(model)            # an EMA copy: the probe itself must not be copied
+        assert list(ema._forward_pre_hooks.values()) == list(model._forward_pre_hooks.values())
+        with torch.no_grad():
+            ema(torch.randn(2, 8))
+        assert sum(1 for e in events if e["kind"] == "model") == 2     # observed as its own model
+    finally:
+        probe.uninstall()
+    n, depth = len(events), probe._depth
+    ema(torch.randn(2, 8))                    # still carries the shared hook object: it does nothing now
+    assert len(events) == n and probe._depth == depth

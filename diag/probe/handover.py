@@ -213,12 +213,16 @@ class HandOver:
         return r
 
     def _local_pre(self, module, args):
+        if not self.active:          # a deep copy of a hooked module (an EMA) outlives the probe
+            return None
         return self.probe._fwd_pre(module, args)
 
     def _local_post(self, module, args, kwargs, output=None):
         # On a forward that raised, torch calls a *global* always_call hook as hook(module, args, None)
         # but a *module-local* with_kwargs one as hook(module, args, kwargs, None): tell the probe the
         # global way (the hook then runs inside _call_impl's `except` block).
+        if not self.active:
+            return None
         probe = self.probe
         if output is None and sys.exc_info()[0] is not None:
             r = probe._fwd_post(module, args, None)
