@@ -14,7 +14,9 @@ def probe_overhead(ctx):
     the probe's time and how to switch it off."""
     s = probe_cost.of_evidence(ctx.evidence)
     if s is None:
-        yield ctx.skip("No timed step carries the probe's own time (no step, or evidence from an older probe).")
+        yield ctx.skip(f"Fewer than {probe_cost.MIN_STEPS} timed steps after the probe's first "
+                       f"{probe_cost.PROBE_WARMUP} (its one-off work) carry its own time: too short to judge "
+                       "its steady cost (or evidence from an older probe).")
         return
     evidence = {k: s[k] for k in ("median_step_share", "median_probe_s", "median_step_s", "steps") if k in s}
     for k in ("by_part", "windows", "window_reasons"):

@@ -30,14 +30,21 @@ _DISABLE_NAMES = {"PerfProbe": "perfprobe", "DistributedProbe": "distributedprob
                   "MemoryProbe": "memoryprobe"}
 
 
+PROBE_WARMUP = 5      # the probe's one-off work (environment refresh, FLOP count, first model
+                      # description) lands in the first steps: its steady cost is judged after them
+MIN_STEPS = 3         # steady steps needed to state a share at all
+
+
 def step_shares(steps: Iterable[Any]) -> tuple[list[float], list[float], list[float]]:
-    """(probe_s, total_s, probe_s / total_s) of the timed steps that carry ``probe_s`` (instrumented
-    steps, e.g. the FLOP-counted one, are left out as from every timing figure)."""
+    """(probe_s, total_s, probe_s / total_s) of the timed steps that carry ``probe_s`` after the
+    probe's warm-up (instrumented steps, e.g. the FLOP-counted one, are left out as from every timing
+    figure)."""
     own, total, share = [], [], []
     for s in steps:
         p = _get(s, "probe_s")
         t = _get(s, "total_s") or 0.0
-        if p is None or _get(s, "instrumented") or t <= 0:
+        i = _get(s, "index")
+        if p is None or _get(s, "instrumented") or t <= 0 or (i is not None and i <= PROBE_WARMUP):
             continue
         own.append(float(p))
         total.append(float(t))
@@ -48,7 +55,7 @@ def step_shares(steps: Iterable[Any]) -> tuple[list[float], list[float], list[fl
 def summarize(steps: Iterable[Any], cost: dict | None = None) -> dict | None:
     """The run's probe figures (None when no timed step carries ``probe_s``)."""
     own, total, share = step_shares(steps)
-    if not share:
+    if len(share) < MIN_STEPS:
         return None
     out: dict[str, Any] = {
         "median_step_share": statistics.median(share),
