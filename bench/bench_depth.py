@@ -71,6 +71,11 @@ def summarise(raw: dict) -> dict:
             row[v]["wall"] = _side(wall[v], wall["bare"], d["module_calls"])
             if v in d.get("probe_steps_seen", {}):
                 row[v]["steps_recorded"] = d["probe_steps_seen"][v]
+            own = d.get("probe_s_self", {}).get(v)
+            if own:
+                # what the probe said it cost (its probe_s), as a share of the bare step's wall time
+                row[v]["self_reported_us"] = round(1e6 * statistics.median(own), 2)
+                row[v]["self_reported_pct"] = round(100 * statistics.median(own) / statistics.median(wall["bare"]), 3)
         res[calls] = row
     return res
 
@@ -86,7 +91,9 @@ def print_table(res: dict) -> None:
                   f"(IQR {r['overhead_iqr_pct'][0]:+.2f}..{r['overhead_iqr_pct'][1]:+.2f}%) "
                   f"{r['us_per_module_call']:+.3f} us/call | wall {row['bare_step_median_wall_ms']:.3f} -> "
                   f"{w['step_median_ms']:.3f} ms {w['overhead_median_pct']:+.2f}% "
-                  f"(IQR {w['overhead_iqr_pct'][0]:+.2f}..{w['overhead_iqr_pct'][1]:+.2f}%) [{r['pairs']} pairs]",
+                  f"(IQR {w['overhead_iqr_pct'][0]:+.2f}..{w['overhead_iqr_pct'][1]:+.2f}%) [{r['pairs']} pairs]"
+                  + (f" | self-reported {r['self_reported_us']} us/step ({r['self_reported_pct']}%)"
+                     if "self_reported_us" in r else ""),
                   flush=True)
 
 

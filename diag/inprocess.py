@@ -64,7 +64,7 @@ class WatchedRun:
         self.evidence.run.started_at = time.time()
         self._probe = Probe(self._sink, max_steps=self.max_steps, extensions=load_extensions())
         try:
-            self._probe.install()
+            self._probe.install(scan_modules=True)
         except BaseException:
             self._release()
             raise

@@ -114,5 +114,9 @@ def test_demo_shows_four_different_findings_and_clean_twin_is_clean(reports):
     assert {"dataloader.workers", "eval.no-grad", "debug.anomaly-detection", "amp.fp16-without-scaler"} <= found
     assert sev_of(rep, "optim.zero-grad")[0] in ("info", "warning")
     rep = reports("demo-clean")
-    bad = [(f["id"], f["message"]) for f in rep["findings"] if f["severity"] in WARN_UP + ("crashed",)]
+    # probe.overhead judges diag, not the script: the probe's share of the clean twin's ~10 ms step
+    # depends on the machine's load (5.8% measured on the loaded 2-core VM); it must still be judged
+    assert sev_of(rep, "probe.overhead")[0] in ("pass", "warning")
+    bad = [(f["id"], f["message"]) for f in rep["findings"]
+           if f["severity"] in WARN_UP + ("crashed",) and f["id"] != "probe.overhead"]
     assert bad == []

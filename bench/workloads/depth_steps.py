@@ -10,6 +10,7 @@ Variants:
   probe         diag's probe with its default extensions and a file sink (what `python -m diag.probe`
                 installs under `diag check`)
   probe-noext   diag's probe without extensions
+  probe-global  diag's probe with DIAG_PROBE_HANDOVER=0: global hooks for the whole run (before issue 20)
   proto         bench/proto_handover.py: the hand-over prototype (discovery window, then local hooks)
 
     python bench/workloads/depth_steps.py --calls 10,100,1000,mlp --variants bare,probe --rounds 8 --steps 30
@@ -52,6 +53,7 @@ class Variant:
     def __init__(self, name: str, tmp: str):
         self.name, self.tmp = name, tmp
         self.steps_seen = 0
+        self.probe_s: list = []   # per block: the median probe_s the probe reported for itself
         self._n = 0
 
     def __enter__(self):
@@ -64,22 +66,32 @@ class Variant:
             b = m.register_module_forward_hook(lambda mod, args, kwargs, out=None: None, with_kwargs=True,
                                                always_call=True)
             self._undo = [a.remove, b.remove, lambda: m._global_forward_hooks_with_kwargs.pop(b.id, None)]
-        elif n in ("probe", "probe-noext"):
+        elif n in ("probe", "probe-noext", "probe-global"):
             from diag.probe.core import FileSink, Probe
             from diag.probe.extensions import load_extensions
 
             self._n += 1
             self._events = os.path.join(self.tmp, f"{n}-{self._n}.jsonl")
             sink = FileSink(self._events)
-            probe = Probe(sink, extensions=load_extensions() if n == "probe" else [], script=__file__)
-            probe.install()
+            probe = Probe(sink, extensions=load_extensions() if n != "probe-noext" else [], script=__file__)
+            if n == "probe-global":
+                os.environ["DIAG_PROBE_HANDOVER"] = "0"
+            try:
+                probe.install()
+            finally:
+                os.environ.pop("DIAG_PROBE_HANDOVER", None)
 
             def done():
                 probe.finish("completed", 0)
                 probe.uninstall()
                 sink.close()
                 with open(self._events) as f:
-                    self.steps_seen += sum(1 for line in f if '"kind": "step"' in line)
+                    steps = [json.loads(line) for line in f if '"kind": "step"' in line]
+                self.steps_seen += len(steps)
+                # the probe's own account of its time: median over this block's timed steps
+                own = [s["probe_s"] for s in steps[WARMUP[0]:] if not s.get("instrumented") and "probe_s" in s]
+                if own:
+                    self.probe_s.append(statistics.median(own))
             self._undo = [done]
         elif n == "proto":
             from proto_handover import HandOver, Outermost
@@ -94,6 +106,9 @@ class Variant:
         for u in self._undo:
             u()
         return False
+
+
+WARMUP = [6]
 
 
 def block(model, loader, opt, steps: int, warmup: int) -> tuple[float, float]:
@@ -128,6 +143,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=6)   # the probe's one-off steps (FLOP count at step 3)
     a = ap.parse_args()
     torch.set_num_threads(1)
+    WARMUP[0] = a.warmup
     variants = a.variants.split(",")
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,7 +163,8 @@ def main() -> int:
                     res[v].append(w)
                     cpu[v].append(c)
             out[calls] = {"module_calls": n_calls, "block_median_step_s": res, "block_median_step_cpu_s": cpu,
-                          "probe_steps_seen": {v: vs[v].steps_seen for v in variants if v.startswith("probe")}}
+                          "probe_steps_seen": {v: vs[v].steps_seen for v in variants if v.startswith("probe")},
+                          "probe_s_self": {v: vs[v].probe_s for v in variants if v.startswith("probe")}}
     print(json.dumps(out))
     return 0
 

@@ -22,6 +22,7 @@ docs/evidence.md is generated from them (``python -m diag.evidence.docs``)::
         flops                         flops.py (FlopsSection, FlopsMeasured)
         amp, sync, distributed        amp.py, sync.py, distributed.py
         extras                        extras.py (ExtrasSection)
+        probe                         probe.py (ProbeSection)
       gpu: GpuTelemetry               gpu.py
       memory_plan: MemoryPlan         plan.py
 
@@ -44,6 +45,7 @@ from diag.evidence.gpu import GpuTelemetry
 from diag.evidence.memory import MemoryDevice, MemorySection
 from diag.evidence.models import ForwardSite, ModelInfo, OptimizerInfo
 from diag.evidence.plan import MemoryPlan
+from diag.evidence.probe import ProbeSection
 from diag.evidence.rank import MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, RankEvidence
 from diag.evidence.run import ExceptionInfo, RunInfo
 from diag.evidence.steps import StepRecord, StepStats
@@ -62,6 +64,6 @@ __all__ = [
     "MAX_EXCEPTIONS_KEPT", "MAX_LIST_SECTION", "Evidence", "RunInfo", "Environment", "DeviceInfo",
     "RankEvidence", "StepRecord", "StepStats", "DataLoaderInfo", "ModelInfo", "ForwardSite", "OptimizerInfo",
     "ExceptionInfo", "MemorySection", "MemoryDevice", "FlopsSection", "FlopsMeasured", "AmpSection",
-    "SyncSection", "DistributedSection", "ExtrasSection", "GpuTelemetry", "MemoryPlan", "Section",
+    "SyncSection", "DistributedSection", "ExtrasSection", "ProbeSection", "GpuTelemetry", "MemoryPlan", "Section",
     "SchemaError", "load_evidence", "median", "build", "_json_default", "_from_dict", "_median",
 ]

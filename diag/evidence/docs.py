@@ -13,7 +13,7 @@ import sys
 from diag.evidence import (SCHEMA_VERSION, AmpSection, DataLoaderInfo, DeviceInfo, DistributedSection, Environment,
                            Evidence, ExceptionInfo, ExtrasSection, FlopsMeasured, FlopsSection, ForwardSite,
                            GpuTelemetry, MemoryDevice, MemoryPlan, MemorySection, ModelInfo, OptimizerInfo,
-                           RankEvidence, RunInfo, StepRecord, StepStats, SyncSection)
+                           ProbeSection, RankEvidence, RunInfo, StepRecord, StepStats, SyncSection)
 from diag.evidence._schema import field_docs
 
 INTRO = f"""\
@@ -96,6 +96,7 @@ SECTIONS = [
     (SyncSection, "SyncSection", "`ranks[i].sync` ([performance-checks.md](performance-checks.md))"),
     (DistributedSection, "DistributedSection", "`ranks[i].distributed` ([distributed.md](distributed.md))"),
     (ExtrasSection, "ExtrasSection", "`ranks[i].extras` ([performance-checks.md](performance-checks.md))"),
+    (ProbeSection, "ProbeSection", "`ranks[i].probe` ([performance.md](performance.md))"),
     (GpuTelemetry, "GpuTelemetry", "`gpu` ([gpus.md](gpus.md))"),
     (MemoryPlan, "MemoryPlan", "`memory_plan` ([memory.md](memory.md))"),
 ]

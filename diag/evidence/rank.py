@@ -12,6 +12,7 @@ from diag.evidence.extras import ExtrasSection
 from diag.evidence.flops import FlopsSection
 from diag.evidence.memory import MemorySection
 from diag.evidence.models import ForwardSite, ModelInfo, OptimizerInfo
+from diag.evidence.probe import ProbeSection
 from diag.evidence.run import ExceptionInfo
 from diag.evidence.steps import StepRecord, StepStats
 from diag.evidence.sync import SyncSection
@@ -23,7 +24,7 @@ MAX_EXCEPTIONS_KEPT = 20
 MAX_LIST_SECTION = 2000
 
 _RANK_SECTIONS = {"memory": MemorySection, "flops": FlopsSection, "amp": AmpSection, "sync": SyncSection,
-                  "distributed": DistributedSection, "extras": ExtrasSection}
+                  "distributed": DistributedSection, "extras": ExtrasSection, "probe": ProbeSection}
 
 
 @dataclass
@@ -51,6 +52,7 @@ class RankEvidence:
     sync: SyncSection = field(default_factory=SyncSection)       # host-device synchronisations
     distributed: DistributedSection = field(default_factory=DistributedSection)  # backend, DDP, collectives
     extras: ExtrasSection = field(default_factory=ExtrasSection)  # the perf extension's records, probe errors
+    probe: ProbeSection = field(default_factory=ProbeSection)    # diag's probe's own cost over the run
 
     def __setattr__(self, name: str, value: Any) -> None:
         cls = _RANK_SECTIONS.get(name)

@@ -25,6 +25,8 @@ class StepRecord:
     ended_by: str = "optimizer"  # optimizer: ended by optimizer.step(); manual: ended after backward()
     instrumented: bool = False  # a step diag slowed on purpose (FLOP counting): excluded from timing stats
     extra: dict[str, Any] = field(default_factory=dict)  # per-step values from probe extensions
+    probe_s: float | None = None          # diag's probe's own time since the previous step event (its hooks, extensions, event writes)
+    probe_window: bool = False            # a hook discovery window covered the step (global hooks on every module call)
 
     @property
     def batch(self) -> int | None:

@@ -152,6 +152,8 @@ class Extension(Protocol):
     ``uninstall(ctx)``                               when it uninstalls: undo every hook and patch.
     ``on_model(ctx, module, info)``                  a model seen for the first time (``info``: its
                                                      ``model`` event).
+    ``on_forward_start(ctx, module)``                a model's top-level forward begins (keep it cheap:
+                                                     it runs on every outermost forward).
     ``on_forward(ctx, module, args, kwargs, output, training)``  a top-level training forward ended.
     ``on_graph_forward(ctx, module, args, kwargs, output, site)`` a top-level forward outside training
                                                      built an autograd graph (eval mode, grad enabled;
@@ -171,7 +173,7 @@ class Extension(Protocol):
     def uninstall(self, ctx: ProbeContext) -> None: ...
 
 
-HOOKS = ("install", "uninstall", "on_model", "on_forward", "on_graph_forward", "on_step_start",
+HOOKS = ("install", "uninstall", "on_model", "on_forward_start", "on_forward", "on_graph_forward", "on_step_start",
          "on_step_end", "on_exit")
 
 

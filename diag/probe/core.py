@@ -37,6 +37,7 @@ import weakref
 from typing import Any, Callable
 
 from diag.probe.environment import ENV_ALLOWLIST, environment
+from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
 from diag.probe.frames import exception_info, frame_location, is_library_file, is_oom, user_frame
 from diag.probe.hooks import Patches, remove_hooks
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
@@ -135,6 +136,16 @@ class Probe:
         self.errors_reported: set[str] = set()
         self._env_refreshed = False
         self.lock = threading.RLock()
+        # issue 20: the hook hand-over and the probe's own cost
+        self._handover: HandOver | None = None
+        self._has_params: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._own_ns = 0              # the probe's own time (hook bodies, extensions, sink), nanoseconds
+        self._own_mark = 0            # _own_ns at the previous step event
+        self._ext_ns: dict[str, int] = {}   # per extension (inside _own_ns)
+        self._sink_ns = 0                   # emitting events (inside _own_ns)
+        self._calls_mark = 0          # handover.window_calls at the previous step event
+        self.slow_path_ns = 0.0       # torch's cost of a global hook pair per module call (measured at install)
+        self._own_steps: list[float] = []   # probe_s of the steps that count for timing
 
     # ---- events ------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -146,10 +157,12 @@ class Probe:
         data["kind"] = kind
         data["t"] = round(self.now(), 6)
         data["rank"] = self.rank
+        t0 = _ns()
         try:
             self.sink(data)
         except Exception as e:  # never break the user's run because of our output
             self.report_error("sink", e)
+        self._sink_ns += _ns() - t0
 
     def report_error(self, where: str, e: BaseException) -> None:
         """A ``probe_error`` event, once per ``where``; never raises."""
@@ -168,8 +181,11 @@ class Probe:
             fn = getattr(ext, method, None)
             if fn is None:
                 continue
+            t0 = _ns()
             try:
                 fn(self, *args)
+                name = type(ext).__name__
+                self._ext_ns[name] = self._ext_ns.get(name, 0) + _ns() - t0
             except DiagStop:
                 raise
             except Exception as e:
@@ -231,6 +247,40 @@ class Probe:
                 if o not in self._optimizers:
                     self._opt_start.pop(o, None)
 
+    def module_has_parameters(self, module) -> bool:
+        """``has_parameters(module)``, cached per module (asked on every outermost forward; a module
+        that gets a parameter later is forgotten by the hand-over's registration hook)."""
+        try:
+            v = self._has_params.get(module)
+        except TypeError:
+            return has_parameters(module)
+        if v is None:
+            v = has_parameters(module)
+            try:
+                self._has_params[module] = v
+            except TypeError:
+                pass
+        return v
+
+    def forget_parameters(self, module) -> None:
+        try:
+            self._has_params.pop(module, None)
+        except TypeError:
+            pass
+
+    def own_cost(self) -> dict:
+        """The probe's own time so far, by part (seconds), and the hand-over's windows."""
+        ext = {k: v / 1e9 for k, v in self._ext_ns.items()}
+        total = self._own_ns / 1e9
+        sink = self._sink_ns / 1e9
+        ho = self._handover
+        out = {"own_s": total, "by_part": {"hooks": max(total - sink - sum(ext.values()), 0.0), "sink": sink,
+                                          **ext},
+               "slow_path_us_per_call": round(self.slow_path_ns / 1e3, 4), "handover": ho is not None}
+        if ho is not None:
+            out.update(ho.summary())
+        return out
+
     def disable(self, extension) -> None:
         try:
             self.extensions.remove(extension)
@@ -238,7 +288,9 @@ class Probe:
             pass
 
     # ---- install / uninstall -----------------------------------------------------------------------
-    def install(self) -> "Probe":
+    def install(self, scan_modules: bool = False) -> "Probe":
+        """Install the hooks. ``scan_modules``: the script already built its models (``diag.watch()``):
+        find them once in the garbage collector's objects."""
         import torch
         from torch.nn.modules import module as nn_module
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -250,9 +302,13 @@ class Probe:
                   world_size=self.world_size, started_at=self.wall0, script=self.script,
                   argv=list(sys.argv))
         self.emit("env", **environment())
-        self._handles.append(nn_module.register_module_forward_pre_hook(self._fwd_pre))
-        self._handles.append(nn_module.register_module_forward_hook(
-            self._fwd_post, with_kwargs=True, always_call=True))
+        if handover_enabled():
+            self.slow_path_ns = _measure_slow_path()
+            self._handover = HandOver(self).install(scan=scan_modules)
+        else:
+            self._handles.append(nn_module.register_module_forward_pre_hook(self._fwd_pre))
+            self._handles.append(nn_module.register_module_forward_hook(
+                self._fwd_post, with_kwargs=True, always_call=True))
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(register_optimizer_step_post_hook(self._opt_post))
 
@@ -262,18 +318,22 @@ class Probe:
 
         def __iter__(loader):
             it = orig_iter(loader)
+            t0 = _ns()
             try:
                 probe._on_loader_iter(loader, it)
             except Exception as e:
                 probe.report_error("dataloader.__iter__", e)
+            probe._own_ns += _ns() - t0
             return it
 
         def __next__(it):
             if not probe.active or probe._forked:
                 return orig_next(it)
+            n0 = _ns()
             t0 = time.perf_counter()
             probe._before_data(t0)
             probe._in_data += 1
+            probe._own_ns += _ns() - n0
             try:
                 batch = orig_next(it)
             except StopIteration:
@@ -283,7 +343,9 @@ class Probe:
                 probe._in_data -= 1
                 raise
             probe._in_data -= 1
+            n0 = _ns()
             probe._on_batch(it, time.perf_counter() - t0)
+            probe._own_ns += _ns() - n0
             return batch
 
         self._patch(dl.DataLoader, "__iter__", __iter__)
@@ -294,10 +356,12 @@ class Probe:
         def zero_grad(opt, set_to_none: bool = True):
             t0 = time.perf_counter()
             out = orig_zero_grad(opt, set_to_none)
+            n0 = _ns()
             try:
                 probe._on_zero_grad(opt, set_to_none, time.perf_counter() - t0)
             except Exception as e:
                 probe.report_error("zero_grad", e)
+            probe._own_ns += _ns() - n0
             return out
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
@@ -316,6 +380,10 @@ class Probe:
         if not self.active:
             return
         self.active = False
+        if self._handover is not None:
+            self._handover.uninstall()
+        for h in self._handles:
+            remove_global_hook(h)   # also torch's with_kwargs leak (a compile warning for ever after)
         remove_hooks(self._handles)
         self._patches.undo()
         self._ext("uninstall")
@@ -338,6 +406,10 @@ class Probe:
         if exception is not None:
             self.emit("exception", **exception_info(exception, self.steps_done, self.script))
         self._ext("on_exit", status)
+        try:
+            self.emit("merge", path="probe", value=self.own_cost())   # RankEvidence.probe
+        except Exception as e:
+            self.report_error("probe_cost", e)
         self.emit("end", status=status, exit_code=exit_code, reason=reason, steps=self.steps_done)
 
     # ---- module hooks ------------------------------------------------------------------------------
@@ -348,11 +420,13 @@ class Probe:
             return None         # and it may end by an exception that skips the post hook
         self._depth += 1
         if self._depth == 1:
-            if has_parameters(module):
+            if self.module_has_parameters(module):
                 self.forward_start = time.perf_counter()
                 self._top_module = module
                 self._top_depth = 1
                 self._seek_model = False
+                if self.extensions:
+                    self._on_forward_start(module)
             else:
                 # a module without parameters (a loss, a bare activation) is not a model: its forward
                 # is timed, and a module with parameters it calls counts as the model forward
@@ -367,7 +441,15 @@ class Probe:
             self._top_depth = self._depth
             self._seek_model = False
             self._bare_had_model = True
+            if self.extensions:
+                self._on_forward_start(module)
         return None
+
+    def _on_forward_start(self, module) -> None:
+        """A model's outermost forward begins (extensions that count from here: FLOPs)."""
+        t0 = _ns()
+        self._ext("on_forward_start", module)
+        self._own_ns += _ns() - t0
 
     def _fwd_post(self, module, args, kwargs, output=None):
         # torch calls always_call hooks as hook(module, args, result) when a forward raised
@@ -387,22 +469,32 @@ class Probe:
         if self._depth == self._top_depth - 1 and module is self._top_module:
             if self._depth > 0:          # a model called by a parameterless module: look for another
                 self._top_module, self._top_depth, self._seek_model = None, 0, True
+            if self._handover is not None:
+                self._handover.note(module)
         elif self._depth == 0 and self._top_depth == 0:
             self._seek_model = False
+            if self._handover is not None:
+                self._handover.note(module, True, self._bare_had_model)
             if not self._bare_had_model:
-                self._on_bare_forward(output, self._bare_start, time.perf_counter())
+                end = time.perf_counter()
+                t0 = _ns()
+                self._on_bare_forward(output, self._bare_start, end)
+                self._own_ns += _ns() - t0
             return None
         else:
             return None
         if self._forked or not self.active or self._in_backward or self._in_data:
             return None
         end = time.perf_counter()
+        t0 = _ns()
         try:
             self._on_top_forward(module, args, kwargs, output, self.forward_start, end)
         except DiagStop:
+            self._own_ns += _ns() - t0
             raise
         except Exception as e:
             self.report_error("forward", e)
+        self._own_ns += _ns() - t0
         return None
 
     def _on_bare_forward(self, output, start: float, end: float) -> None:
@@ -531,6 +623,7 @@ class Probe:
     def _bwd_hook(self, grad):
         if self._in_backward or self._forked:
             return None
+        t0 = _ns()
         self._in_backward = True
         self._bwd_start = time.perf_counter()
         try:
@@ -540,6 +633,7 @@ class Probe:
         except Exception as e:
             self._in_backward = False
             self.report_error("backward", e)
+        self._own_ns += _ns() - t0
         return None
 
     def _graph_bwd_hook(self, site, grad):
@@ -554,30 +648,36 @@ class Probe:
 
     def _bwd_end(self):
         end = time.perf_counter()
+        t0 = _ns()
         self._in_backward = False
         step = self.current_step or self._open_step(self._bwd_start)
         step.backward_s += end - self._bwd_start
         step.n_backward += 1
+        self._own_ns += _ns() - t0
 
     # ---- optimizer ---------------------------------------------------------------------------------
     def _opt_pre(self, opt, args, kwargs):
         if self._forked:
             return None
+        t0 = _ns()
         self._opt_start[id(opt)] = time.perf_counter()
+        self._own_ns += _ns() - t0
         return None
 
     def _opt_post(self, opt, args, kwargs):
         if self._forked or not self.active:
             return None
         end = time.perf_counter()
+        t0 = _ns()
         start = self._opt_start.pop(id(opt), end)
         self._any_optimizer_step = True
         info = self.optimizer_info(opt)
         info["steps"] += 1
         step = self.current_step or self._open_step(start)
         step.optimizer_s += end - start
+        self._own_ns += _ns() - t0
         if step.n_backward > 0:
-            self._close_step(end, "optimizer")
+            self._close_step(end, "optimizer")   # times itself
         return None
 
     def optimizer_info(self, opt, create: bool = True) -> dict | None:
@@ -642,6 +742,8 @@ class Probe:
                 pass
         info["epochs"] += 1
         self.epoch = max(self.epoch, info["epochs"])
+        if self._handover is not None:
+            self._handover.request("loader")   # an epoch or an evaluation loop begins: look again
         try:
             it._diag_loader = info["id"]
             it._diag_first = True
@@ -699,12 +801,15 @@ class Probe:
         if self._manual_mode is None:
             self._manual_mode = not _optimizer_alive()
         if self._manual_mode:
+            n0 = _ns()
             self._close_step(t, "manual")
+            self._own_ns -= _ns() - n0   # called inside a timed hook: _close_step counted itself
 
     def _close_step(self, end: float, kind: str) -> None:
         step = self.current_step
         if step is None:
             return
+        t_close = _ns()
         self.current_step = None
         self._last_boundary = end
         self._depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
@@ -725,6 +830,7 @@ class Probe:
             ev["extra"]["eval_s"] = step.eval_s
         if self.extensions:
             self._ext("on_step_end", ev)
+        self._account_step(ev, step, t_close)
         if self._site_dirty:   # forward counts ride on the step event: one write per step
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
@@ -736,13 +842,76 @@ class Probe:
             self._emit_optimizers()
             self.emit("env", **environment())
         self.step_closed_at = time.perf_counter()   # the probe's own end-of-step work ends here
+        self._own_ns += _ns() - t_close
         if self.max_steps is not None and step.index >= self.max_steps:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
+
+    def _account_step(self, ev: dict, step: _Step, t_close: int) -> None:
+        """The probe's own time in this step (``probe_s``: since the previous step event, that event's
+        write included; a step in a discovery window adds torch's slow path for each module call the
+        global hooks saw) and whether a discovery window covered it (``probe_window``)."""
+        ho = self._handover
+        own = self._own_ns + (_ns() - t_close)
+        probe_ns = own - self._own_mark
+        self._own_mark = own
+        in_window = False
+        if ho is not None:
+            calls = ho.window_calls - self._calls_mark
+            self._calls_mark = ho.window_calls
+            if calls:
+                probe_ns += calls * self.slow_path_ns
+            in_window = ho.boundary()
+        probe_s = probe_ns / 1e9
+        ev["probe_s"] = round(probe_s, 9)
+        if in_window:
+            ev["probe_window"] = True
+        if not step.instrumented:
+            self._own_steps.append(probe_s)
 
     def _flush_sites(self) -> None:
         if self._site_dirty:
             self.emit("forward_counts", counts={k: self._site_counts[k] for k in self._site_dirty})
             self._site_dirty.clear()
+
+
+_ns = time.perf_counter_ns
+
+
+def _measure_slow_path() -> float:
+    """What a global forward pre+post hook pair costs torch per module call on this machine
+    (nanoseconds): a 64-module chain of ``nn.Identity`` forwarded bare and under an empty pair, the
+    minimum of 15 forwards each (~2 ms, once at install). Step timing cannot see this cost (it is
+    spent in ``Module._call_impl``, outside the hook bodies): windows add it per module call."""
+    try:
+        import torch
+        from torch.nn.modules import module as nn_module
+
+        chain = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(63)])
+        n = 64
+        x = torch.zeros(1)
+
+        def best() -> int:
+            b = None
+            for _ in range(15):
+                t0 = _ns()
+                chain(x)
+                dt = _ns() - t0
+                b = dt if b is None or dt < b else b
+            return b or 0
+
+        with torch.no_grad():
+            bare = best()
+            a = nn_module.register_module_forward_pre_hook(lambda m, args: None)
+            b = nn_module.register_module_forward_hook(lambda m, args, kwargs, out=None: None,
+                                                       with_kwargs=True, always_call=True)
+            try:
+                hooked = best()
+            finally:
+                remove_global_hook(a)
+                remove_global_hook(b)
+        return max(hooked - bare, 0) / n
+    except Exception:
+        return 0.0
 
 
 def _float_or_none(v) -> float | None:

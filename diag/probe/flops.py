@@ -188,7 +188,6 @@ class FlopCounter:
 
     # ---- counting -----------------------------------------------------------------------------------
     def _enter(self, probe) -> None:
-        from torch.nn.modules import module as nn_module
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False, depth=2)
@@ -196,17 +195,16 @@ class FlopCounter:
         self.counter = counter
         self.active = True
         self._entered_at = time.perf_counter()
-        self._hooks.append(nn_module.register_module_forward_pre_hook(self._pre_hook))
         probe.emit("set", path="flops.status", value=f"counting step {self.target}")
 
-    def _pre_hook(self, module, args):
-        try:
-            probe = self._probe_ref() if self._probe_ref else None
-            if probe is not None and self.counter is not None and probe.is_top_forward(module):
+    def on_forward_start(self, probe, module) -> None:
+        """A model's outermost forward begins: the FLOPs counted from here are its forward's (the
+        probe calls this; no global module hook of our own, so inner modules keep torch's fast path)."""
+        if self.counter is not None:
+            try:
                 self._fwd_start = self.counter.get_total_flops()
-        except Exception:
-            pass
-        return None
+            except Exception:
+                pass
 
     def _bwd_hook(self, grad):
         try:

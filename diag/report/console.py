@@ -8,6 +8,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from diag.evidence import probe as probe_cost
 from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
 from diag.redact import redact_args
@@ -39,6 +40,9 @@ def run_header(evidence) -> Text:
         t.append(f" · {run.wall_s:.1f} s")
     if len(evidence.ranks) > 1:
         t.append(f" · {len(evidence.ranks)} ranks")
+    own = probe_cost.headline(probe_cost.of_evidence(evidence))
+    if own:
+        t.append(f"\n{own}", style="dim")
     if run.simulated_gpus:
         t.append(f"\nGPU values are SIMULATED (scenario '{safe(run.simulated_gpus)}')", style="bold magenta")
     for note in evidence.notes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from diag import __version__
+from diag.evidence import probe as probe_cost
 from diag.findings import Severity, sort_findings
 
 REPORT_SCHEMA_VERSION = 1
@@ -16,11 +17,14 @@ def summary(evidence, findings) -> dict:
         counts[f.severity.value] += 1
     r = evidence.primary if evidence.ranks else None
     med = r.median_step() if r else None
+    own = probe_cost.of_evidence(evidence)
     return {
         "counts": counts,
         "steps": sum(x.step_stats.count for x in evidence.ranks),
         "step_time_median_s": round(med["total_s"], 6) if med else None,
         "ranks": len(evidence.ranks),
+        # diag's probe's own time: share of the median step, seconds, by part (docs/performance.md)
+        "probe": ({k: (round(v, 9) if isinstance(v, float) else v) for k, v in own.items()} if own else None),
     }
 
 

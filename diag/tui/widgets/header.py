@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from diag.evidence import probe as probe_cost
 from diag.findings import Severity, count_phrase
 from diag.report.style import SEVERITY_STYLES
 from diag.redact import redact_args
@@ -104,6 +105,11 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     reason = _end_reason(ev)
     if reason:
         two.append(safe(reason), style="red" if status in ("failed", "oom", "killed") else "")
+        two.append("  ")
+    own = probe_cost.of_evidence(ev)
+    if own:
+        two.append(f"diag's probe {probe_cost.pct(own['median_step_share'])} of the median step",
+                   style="yellow" if own["median_step_share"] > probe_cost.WARN_SHARE else "dim")
         two.append("  ")
     if state.mode == "replay":
         two.append("replay of ", style="dim")

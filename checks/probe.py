@@ -1,0 +1,36 @@
+"""Checks about diag itself: what its probe cost the run it observed (issue 20)."""
+from __future__ import annotations
+
+from diag.evidence import probe as probe_cost
+from diag.checks.api import Severity, check
+
+
+@check(id="probe.overhead", title="diag's probe took a visible share of the step", severity="warning",
+       needs=["ranks.steps", "ranks.probe"], tags=["diag", "performance"], docs="docs/performance.md")
+def probe_overhead(ctx):
+    """diag's probe times its own hooks, extensions and event writes in every step (``probe_s``).
+    Above 2% of the median step, verdicts that turn on a few percent of the step (data wait, host
+    overhead, optimizer share) are less reliable in this run; the finding names the largest part of
+    the probe's time and how to switch it off."""
+    s = probe_cost.of_evidence(ctx.evidence)
+    if s is None:
+        yield ctx.skip(f"Fewer than {probe_cost.MIN_STEPS} timed steps after the probe's first "
+                       f"{probe_cost.PROBE_WARMUP} (its one-off work) carry its own time: too short to judge "
+                       "its steady cost (or evidence from an older probe).")
+        return
+    evidence = {k: s[k] for k in ("median_step_share", "median_probe_s", "median_step_s", "steps") if k in s}
+    for k in ("by_part", "windows", "window_reasons"):
+        if s.get(k) is not None:
+            evidence[k] = s[k]
+    head = probe_cost.headline(s)
+    if s["median_step_share"] <= probe_cost.WARN_SHARE:
+        yield ctx.passed(f"{head}.", title="diag's probe cost little", **evidence)
+        return
+    yield ctx.finding(
+        severity=Severity.WARNING,
+        message=f"{head}; verdicts that turn on a few percent of the step are less reliable in this run.",
+        evidence=evidence,
+        why="The probe runs inside the training process: its own work lengthens each step, so shares of "
+            "the step it reports (data wait, host-side overhead) include some of its own time.",
+        fix=probe_cost.lighten(s),
+    )

@@ -1,0 +1,135 @@
+"""``RankEvidence.probe``: what diag's probe cost the process it observed (issue 20). Per step, the
+probe's own time is ``StepRecord.probe_s``; this section is the run's total by part, written when the
+script ends. The functions below give the share of the median step (:func:`of_evidence`), the
+sentence every report states (:func:`headline`) and how to lighten the probe (:func:`lighten`); the
+check ``probe.overhead`` warns above :data:`WARN_SHARE`."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable
+
+from diag.evidence._schema import Section
+
+
+class ProbeSection(Section):
+    """The probe's own time over the whole run (seconds), and its hook hand-over."""
+    own_s: float | None = None              # the probe's own time: hook bodies, extensions, event writes (s)
+    by_part: dict[str, Any] | None = None   # own_s by part: hooks, sink, and each extension's class name (s)
+    slow_path_us_per_call: float | None = None  # torch's cost of a global hook pair per module call here (µs)
+    handover: bool | None = None            # hooks handed over to the outermost modules (false: global hooks throughout)
+    windows: int | None = None              # discovery windows opened (global hooks for about one step each)
+    window_reasons: dict[str, Any] | None = None  # windows by reason (install, loader, periodic, ...)
+    handovers: int | None = None            # times the global hooks were handed over to module hooks
+    hooked_modules: int | None = None       # modules carrying the probe's own hooks at the end
+
+
+WARN_SHARE = 0.02     # above this the probe's own time may move verdicts that turn on a few percent
+
+# extension class name -> the lower-case name DIAG_PROBE_DISABLE takes (diag/probe/extensions.py)
+_DISABLE_NAMES = {"PerfProbe": "perfprobe", "DistributedProbe": "distributedprobe", "FlopCounter": "flopcounter",
+                  "MemoryProbe": "memoryprobe"}
+
+
+PROBE_WARMUP = 5      # the probe's one-off work (environment refresh, FLOP count, first model
+                      # description) lands in the first steps: its steady cost is judged after them
+MIN_STEPS = 3         # steady steps needed to state a share at all
+
+
+def step_shares(steps: Iterable[Any]) -> tuple[list[float], list[float], list[float]]:
+    """(probe_s, total_s, probe_s / total_s) of the timed steps that carry ``probe_s`` after the
+    probe's warm-up (instrumented steps, e.g. the FLOP-counted one, are left out as from every timing
+    figure)."""
+    own, total, share = [], [], []
+    for s in steps:
+        p = _get(s, "probe_s")
+        t = _get(s, "total_s") or 0.0
+        i = _get(s, "index")
+        if p is None or _get(s, "instrumented") or t <= 0 or (i is not None and i <= PROBE_WARMUP):
+            continue
+        own.append(float(p))
+        total.append(float(t))
+        share.append(float(p) / float(t))
+    return own, total, share
+
+
+def summarize(steps: Iterable[Any], cost: dict | None = None) -> dict | None:
+    """The run's probe figures (None when no timed step carries ``probe_s``)."""
+    own, total, share = step_shares(steps)
+    if len(share) < MIN_STEPS:
+        return None
+    out: dict[str, Any] = {
+        "median_step_share": statistics.median(share),
+        "median_probe_s": statistics.median(own),
+        "median_step_s": statistics.median(total),
+        "steps": len(share),
+    }
+    if cost:
+        for k in ("by_part", "windows", "window_reasons", "handovers", "slow_path_us_per_call", "own_s",
+                  "handover"):
+            if k in cost:
+                out[k] = cost[k]
+    return out
+
+
+def headline(summary: dict | None) -> str | None:
+    """"diag's probe took 0.4% of the median step (12 µs of 2.9 ms)"."""
+    if not summary:
+        return None
+    return (f"diag's probe took {pct(summary['median_step_share'])} of the median step "
+            f"({_dur(summary['median_probe_s'])} of {_dur(summary['median_step_s'])})")
+
+
+def lighten(summary: dict) -> str:
+    """How to make the probe lighter: the largest part of its time, and the switch for it."""
+    parts = dict(summary.get("by_part") or {})
+    if not parts:
+        return ("Rerun with fewer probe extensions (DIAG_PROBE_DISABLE=perfprobe,memoryprobe,"
+                "distributedprobe,flopcounter turns them off one by one).")
+    name, secs = max(parts.items(), key=lambda kv: kv[1] or 0.0)
+    total = sum(v or 0.0 for v in parts.values()) or 1.0
+    share = f"{100 * (secs or 0.0) / total:.0f}% of the probe's own time"
+    if name in _DISABLE_NAMES or name not in ("hooks", "sink"):
+        env = _DISABLE_NAMES.get(name, name.lower())
+        return (f"The largest part is the {name} extension ({share}): rerun with DIAG_PROBE_DISABLE={env} "
+                f"to turn it off (its checks are then skipped).")
+    if name == "sink":
+        return (f"The largest part is writing events ({share}): a run with very many short steps writes one "
+                "event per step; a longer step (more work per step) lowers the share.")
+    windows = summary.get("window_reasons") or {}
+    if windows and sum(windows.values()) > 8:
+        top = max(windows.items(), key=lambda kv: kv[1])
+        return (f"The largest part is the probe's hooks ({share}), with {sum(windows.values())} discovery "
+                f"windows, most of them for \"{top[0]}\" (each puts a global hook on every module call for one "
+                f"step): e.g. a DataLoader re-created every step, or train()/eval() switched every step.")
+    return (f"The largest part is the probe's hooks ({share}): very short steps (a few hundred µs) make "
+            "the probe's fixed per-step work a visible share; it does not grow with the model.")
+
+
+def _get(obj: Any, key: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def pct(x: float) -> str:
+    p = 100 * x
+    return f"{p:.2f}%" if p < 0.1 else f"{p:.1f}%"
+
+
+def _dur(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+def of_evidence(evidence) -> dict | None:
+    """The run's probe figures from Evidence: the primary rank's timed steps (warm-up and instrumented
+    steps left out, as from every timing figure) and its ``probe`` section."""
+    ranks = getattr(evidence, "ranks", None)
+    if not ranks:
+        return None
+    r = evidence.primary
+    section = getattr(r, "probe", None)
+    return summarize(r.timed_steps(), dict(section) if section else None)

@@ -1,0 +1,414 @@
+"""The hook hand-over (issue 20): the probe pays per step, not per module call.
+
+Any *global* forward hook takes every module call off the hook-free fast path of
+``Module._call_impl`` (~4-5 µs per call: docs/performance.md). The probe only needs the *outermost*
+forward of each model, so:
+
+* **discovery window**: global pre/post hooks route every module call to the probe's ``_fwd_pre`` /
+  ``_fwd_post`` (the probe's outermost-forward rules, unchanged). Each outermost module the probe
+  sees is noted (:meth:`HandOver.note`).
+* **handed over**: at a boundary (a step closed after at least one outermost forward in the window,
+  or ``WINDOW_FORWARDS`` outermost forwards without a step) the global hooks are removed and the
+  noted modules get module-local hooks that call the same ``_fwd_pre`` / ``_fwd_post``. Inner
+  modules then run on torch's fast path.
+* **modules built after install** are hooked as they are built (torch's global *registration* hooks
+  fire only while a module is built, never on a call); a module registered as another module's child
+  is unhooked again unless it was seen called as an outermost module. A compiled module's inner
+  module is never hooked (its hooks would run inside the compiled region); the OptimizedModule is.
+* **signals that reopen a window** (none per module call): a new optimizer; a DataLoader iteration
+  starting; ``train()``/``eval()`` that changes a module's mode; an optimizer step no known forward
+  fed; a parameterless outermost module that used to call a model and no longer calls a known one;
+  periodic windows (steps 16, 32, 64, ... 1024, then every 1024). A reason whose windows find nothing
+  new backs off (2, 4, 8, ... steps).
+
+``DIAG_PROBE_HANDOVER=0`` keeps the global hooks on for the whole run (the old behaviour).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+import weakref
+
+WINDOW_FORWARDS = 16          # a window with no step closes after this many outermost forwards
+PERIODIC_FIRST = 16           # periodic windows at steps 16, 32, 64, ... then every PERIODIC_CAP
+PERIODIC_CAP = 1024
+_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+# reasons that never back off: each names a real change in the run
+_NO_BACKOFF = ("install", "new optimizer", "a step no known forward fed", "periodic")
+
+
+def handover_enabled() -> bool:
+    return os.environ.get("DIAG_PROBE_HANDOVER", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def remove_global_hook(handle) -> None:
+    """Remove a global module hook completely. torch's handle for
+    ``register_module_forward_hook(with_kwargs=True)`` leaves its id in
+    ``_global_forward_hooks_with_kwargs``; ``_has_any_global_hook()`` reads that dict, so every call of
+    a ``torch.compile``'d module would warn about "global hooks" for the rest of the process."""
+    from torch.nn.modules import module as nn_module
+
+    try:
+        handle.remove()
+    except Exception:
+        pass
+    getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(getattr(handle, "id", None), None)
+
+
+class _Hook:
+    """A module-local hook that survives ``copy.deepcopy`` as itself (an EMA copy of the model must
+    not drag the whole probe, sink file included, into the copy), and pickles to a no-op
+    (``torch.save(model)`` of a whole module during the run)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *a):
+        return self.fn(*a)
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        return (_restored_hook, ())
+
+
+def _noop_hook(*a):
+    return None
+
+
+def _restored_hook():
+    return _noop_hook
+
+
+class HandOver:
+    """Routes module calls to ``probe._fwd_pre`` / ``probe._fwd_post``: through global hooks while a
+    discovery window is open, through module-local hooks on the outermost modules otherwise."""
+
+    def __init__(self, probe):
+        self.probe = probe
+        self.active = False
+        self.discovering = False
+        self._global: list = []
+        self._other: list = []
+        self._pre = _Hook(self._local_pre)
+        self._post = _Hook(self._local_post)
+        self._hooked: dict[int, tuple] = {}        # id(module) -> (weakref, pre handle, post handle)
+        self._children: "weakref.WeakSet" = weakref.WeakSet()
+        self._compiled_inner: "weakref.WeakSet" = weakref.WeakSet()
+        self._known: set[int] = set()               # ids of modules seen called as outermost
+        self._new: list = []                        # noted since the last hand-over
+        self._bare_models: dict[int, bool] = {}     # id(parameterless outermost) -> it called a model
+        self._opts: dict[int, int] = {}             # id(optimizer) -> outermost forwards at its last step
+        self._warn_filter = None
+        self._in_train = False
+        self._orig_train = None
+        self._window_forwards = 0
+        self._pending: str | None = None
+        self._reason = ""
+        self._not_before: dict[str, int] = {}
+        self._fruitless: dict[str, int] = {}
+        self.outermost_forwards = 0
+        self.window_calls = 0                       # module calls seen by the global hooks (windows)
+        self.step_in_window = False                 # a window was open during the current step
+        self.steps = 0
+        self.windows: list[tuple[int, str]] = []    # (step, reason) of each window opened
+        self.handovers = 0
+
+    # ---- install ------------------------------------------------------------------------------------
+    def install(self, scan: bool = False) -> "HandOver":
+        import torch
+        from torch.nn.modules import module as nn_module
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+
+        self.active = True
+        self._other.append(nn_module.register_module_module_registration_hook(self._on_child))
+        self._other.append(nn_module.register_module_parameter_registration_hook(self._on_param))
+        self._other.append(register_optimizer_step_pre_hook(self._opt_pre))
+        self._other.append(register_optimizer_step_post_hook(self._opt_post))
+        me = self
+        orig_train = torch.nn.Module.train
+
+        def train(module, mode: bool = True):
+            if me._in_train or not me.active:     # .train() recurses into every child: act once
+                return orig_train(module, mode)
+            me._in_train = True
+            try:
+                if module.training != bool(mode):  # model.train() every step changes nothing
+                    me.request("train()/eval()")
+                return orig_train(module, mode)
+            finally:
+                me._in_train = False
+
+        self.probe._patch(torch.nn.Module, "train", train)
+        if scan:
+            self._scan()
+        self._open("install")
+        return self
+
+    def _scan(self) -> None:
+        """Modules built before the probe (``diag.watch()`` in a notebook): hook the roots now."""
+        import gc
+
+        import torch
+
+        mod_cls = torch.nn.Module
+        # type(o), not isinstance: isinstance may consult o.__class__ (a FutureWarning on some objects)
+        mods = [o for o in gc.get_objects() if issubclass(type(o), mod_cls)]
+        kids = set()
+        for m in mods:
+            try:
+                for ch in m.children():
+                    kids.add(id(ch))
+                    self._children.add(ch)
+            except Exception:
+                pass
+        for m in mods:
+            if id(m) not in kids and self.probe.module_has_parameters(m):
+                self._hook(m)
+
+    def uninstall(self) -> None:
+        self.active = False
+        for h in self._global + self._other:
+            remove_global_hook(h)
+        self._global.clear()
+        self._other.clear()
+        for _ref, a, b in list(self._hooked.values()):
+            a.remove()
+            b.remove()
+        self._hooked.clear()
+        self._unfilter()
+
+    # ---- the two routes -----------------------------------------------------------------------------
+    def _mine(self, module) -> bool:
+        hooks = module._forward_pre_hooks
+        if hooks:
+            pre = self._pre
+            for h in hooks.values():
+                if h is pre:
+                    return True
+        return False
+
+    def _g_pre(self, module, args):
+        self.window_calls += 1
+        if self._mine(module):            # its own hook reports it: never twice
+            return None
+        return self.probe._fwd_pre(module, args)
+
+    def _g_post(self, module, args, kwargs, output=None):
+        if self._mine(module):
+            return None
+        probe = self.probe
+        r = probe._fwd_post(module, args, kwargs, output)
+        if probe._depth == 0 and not probe._in_backward:
+            self._after_outermost()
+        return r
+
+    def _local_pre(self, module, args):
+        if not self.active:          # a deep copy of a hooked module (an EMA) outlives the probe
+            return None
+        return self.probe._fwd_pre(module, args)
+
+    def _local_post(self, module, args, kwargs, output=None):
+        # On a forward that raised, torch calls a *global* always_call hook as hook(module, args, None)
+        # but a *module-local* with_kwargs one as hook(module, args, kwargs, None): tell the probe the
+        # global way (the hook then runs inside _call_impl's `except` block).
+        if not self.active:
+            return None
+        probe = self.probe
+        if output is None and sys.exc_info()[0] is not None:
+            r = probe._fwd_post(module, args, None)
+        else:
+            r = probe._fwd_post(module, args, kwargs, output)
+        if probe._depth == 0 and not probe._in_backward:
+            self._after_outermost()
+        return r
+
+    def note(self, module, bare: bool = False, had_model: bool = False) -> None:
+        """The probe saw ``module`` called as an outermost module (``bare``: without parameters;
+        ``had_model``: it called a module with parameters)."""
+        self.outermost_forwards += 1
+        key = id(module)
+        if key not in self._known:
+            self._known.add(key)
+            self._new.append(weakref.ref(module))
+        if bare:
+            if self._bare_models.get(key) and not had_model:
+                self.request("wrapper lost its model")    # a wrapper that called a model now calls an unknown one
+            self._bare_models[key] = had_model
+
+    def _after_outermost(self) -> None:
+        if self.discovering:
+            self._window_forwards += 1
+            if self._window_forwards >= WINDOW_FORWARDS:
+                self._hand_over()
+        elif self._pending is not None:
+            self._open(self._pending)
+
+    # ---- windows ------------------------------------------------------------------------------------
+    def request(self, reason: str) -> None:
+        """Open a discovery window now when no forward is running, else when the outermost forward
+        ends. A reason whose windows keep finding nothing new waits 2, 4, 8, ... steps."""
+        if not self.active or self.discovering or not self.probe.is_live():
+            return
+        if self.steps < self._not_before.get(reason, 0):
+            return
+        if self.probe._depth == 0:
+            self._open(reason)
+        else:
+            self._pending = reason
+
+    def _open(self, reason: str) -> None:
+        from torch.nn.modules import module as nn_module
+
+        self._pending = None
+        self.discovering = True
+        self.step_in_window = True
+        self._window_forwards = 0
+        self._reason = reason
+        self.windows.append((self.steps, reason))
+        # torch.compile warns when a compiled module is called under global hooks: they are diag's,
+        # for this window only; the warning is not the user's concern
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING)
+        self._warn_filter = warnings.filters[0]
+        self._global.append(nn_module.register_module_forward_pre_hook(self._g_pre))
+        self._global.append(nn_module.register_module_forward_hook(self._g_post, with_kwargs=True,
+                                                                   always_call=True))
+
+    def _hand_over(self) -> None:
+        for h in self._global:
+            remove_global_hook(h)
+        self._global.clear()
+        self.discovering = False
+        self.handovers += 1
+        new = 0
+        fresh, self._new = self._new, []
+        for ref in fresh:
+            m = ref()
+            if m is not None:
+                new += self._hook(m)
+        self._unfilter()
+        r = self._reason
+        if r not in _NO_BACKOFF:
+            n = self._fruitless[r] = 0 if new else self._fruitless.get(r, 0) + 1
+            if n:
+                self._not_before[r] = self.steps + (1 << min(n, 10))
+
+    def boundary(self) -> bool:
+        """A step closed. Returns whether a window was open during it. Hands over when the window saw
+        an outermost forward; opens the periodic windows."""
+        in_window = self.step_in_window
+        self.step_in_window = self.discovering
+        self.steps += 1
+        if self.discovering:
+            if self._window_forwards > 0:
+                self._hand_over()
+                self.step_in_window = False
+            return in_window
+        s = self.steps
+        if s >= PERIODIC_FIRST and ((s & (s - 1)) == 0 if s <= PERIODIC_CAP else s % PERIODIC_CAP == 0):
+            self.request("periodic")
+        return in_window
+
+    def _unfilter(self) -> None:
+        f, self._warn_filter = self._warn_filter, None
+        if f is not None:
+            try:
+                warnings.filters.remove(f)
+                warnings._filters_mutated()   # type: ignore[attr-defined]
+            except (ValueError, AttributeError):
+                pass
+
+    def _hook(self, module) -> int:
+        import torch
+
+        if isinstance(module, (torch.fx.GraphModule, torch.jit.ScriptModule)):
+            return 0                          # built by torch.compile/fx (called inside compiled code), or scripted
+        key = id(module)
+        old = self._hooked.get(key)
+        if old is not None and old[0]() is module:
+            return 0
+        if module in self._compiled_inner:
+            return 0                          # compiled: its OptimizedModule is hooked instead
+        try:
+            ref = weakref.ref(module)
+            a = module.register_forward_pre_hook(self._pre)
+            b = module.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+        except Exception:
+            return 0
+        self._hooked[key] = (ref, a, b)
+        return 1
+
+    def _unhook(self, module) -> None:
+        old = self._hooked.pop(id(module), None)
+        if old is not None:
+            old[1].remove()
+            old[2].remove()
+
+    def hooked(self) -> int:
+        return len(self._hooked)
+
+    # ---- signals ------------------------------------------------------------------------------------
+    def _live(self) -> bool:
+        return self.active and self.probe.is_live()
+
+    def _on_child(self, parent, name, child):
+        if child is None or not self._live():
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            self._children.add(child)
+            if type(parent).__name__ == "OptimizedModule":
+                self._compiled_inner.add(child)    # its hooks would run inside the compiled region
+                self._unhook(child)
+            elif id(child) not in self._known:
+                self._unhook(child)
+            self._hook(parent)
+        except Exception as e:
+            self.probe.report_error("handover.module_registration", e)
+        self.probe._own_ns += time.perf_counter_ns() - t0
+        return None
+
+    def _on_param(self, module, name, param):
+        if not self._live():
+            return None
+        t0 = time.perf_counter_ns()
+        try:
+            self.probe.forget_parameters(module)
+            if module not in self._children:
+                self._hook(module)
+        except Exception as e:
+            self.probe.report_error("handover.parameter_registration", e)
+        self.probe._own_ns += time.perf_counter_ns() - t0
+        return None
+
+    def _opt_pre(self, opt, args, kwargs):
+        if id(opt) not in self._opts and self._live():
+            self._opts[id(opt)] = self.outermost_forwards
+            self.request("new optimizer")
+        return None
+
+    def _opt_post(self, opt, args, kwargs):
+        if not self._live():
+            return None
+        fwd = self.outermost_forwards
+        unexplained = fwd == self._opts.get(id(opt))   # stepped twice with no known forward between
+        self._opts[id(opt)] = fwd
+        if unexplained and not self.discovering:
+            self.request("a step no known forward fed")
+        return None
+
+    def summary(self) -> dict:
+        reasons: dict[str, int] = {}
+        for _, r in self.windows:
+            reasons[r] = reasons.get(r, 0) + 1
+        return {"windows": len(self.windows), "window_reasons": reasons, "handovers": self.handovers,
+                "hooked_modules": len(self._hooked)}

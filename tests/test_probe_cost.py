@@ -1,0 +1,111 @@
+"""Issue 20: the probe's own cost, from Evidence (diag/evidence/probe.py, torch-free)."""
+from __future__ import annotations
+
+from diag.evidence import probe as probe_cost
+
+
+def _step(probe_s, total_s, instrumented=False):
+    return {"probe_s": probe_s, "total_s": total_s, "instrumented": instrumented}
+
+
+def test_the_share_is_the_median_over_timed_steps_and_leaves_out_instrumented_ones():
+    steps = [_step(10e-6, 2e-3), _step(12e-6, 3e-3), _step(8e-6, 2e-3), _step(0.5, 1.0, instrumented=True),
+             {"total_s": 2e-3}]     # an old event without probe_s
+    s = probe_cost.summarize(steps, {"by_part": {"hooks": 1e-3, "sink": 5e-4}, "windows": 2})
+    assert s["steps"] == 3
+    assert abs(s["median_step_share"] - 0.004) < 1e-12    # shares 0.005, 0.004, 0.004
+    assert s["median_probe_s"] == 10e-6 and s["median_step_s"] == 2e-3
+    assert s["by_part"]["hooks"] == 1e-3 and s["windows"] == 2
+    assert probe_cost.headline(s) == "diag's probe took 0.4% of the median step (10 µs of 2.0 ms)"
+
+
+def test_no_timed_step_means_no_figure():
+    assert probe_cost.summarize([{"total_s": 1.0}]) is None
+    assert probe_cost.summarize([_step(1e-6, 1e-3, instrumented=True)]) is None
+    assert probe_cost.headline(None) is None
+
+
+def test_the_advice_names_the_extension_and_its_switch():
+    s = {"by_part": {"hooks": 1e-4, "sink": 1e-4, "PerfProbe": 9e-4, "FlopCounter": 0.0}}
+    msg = probe_cost.lighten(s)
+    assert "PerfProbe" in msg and "DIAG_PROBE_DISABLE=perfprobe" in msg
+    s = {"by_part": {"hooks": 9e-3, "sink": 1e-4}, "window_reasons": {"loader": 30, "install": 1}}
+    assert '"loader"' in probe_cost.lighten(s)
+    assert "writing events" in probe_cost.lighten({"by_part": {"sink": 1.0}})
+
+
+def _evidence(probe_s: float, total_s: float, n: int = 12):
+    from diag.evidence import Evidence
+    from diag.fold import fold
+
+    ev = Evidence()
+    fold(ev, {"kind": "start", "rank": 0, "t": 0.0, "pid": 1})
+    for i in range(1, n + 1):
+        fold(ev, {"kind": "step", "rank": 0, "t": i * total_s, "index": i, "total_s": total_s, "forward_s": total_s / 2,
+                  "probe_s": probe_s, "probe_window": i == 1})
+    fold(ev, {"kind": "merge", "rank": 0, "t": 1.0, "path": "probe",
+              "value": {"own_s": probe_s * n, "by_part": {"hooks": 1e-4, "sink": 1e-5, "PerfProbe": 5e-3},
+                        "windows": 1, "window_reasons": {"install": 1}, "handover": True}})
+    ev.run.status = "completed"
+    return ev
+
+
+def test_the_fold_keeps_probe_s_and_the_probe_section_and_the_check_passes_under_2_percent():
+    from diag.checks.probe import probe_overhead
+
+    ev = _evidence(12e-6, 3e-3)
+    r = ev.primary
+    assert r.steps[0].probe_s == 12e-6 and r.steps[0].probe_window and not r.steps[1].probe_window
+    assert r.probe.by_part["PerfProbe"] == 5e-3 and r.probe.windows == 1
+    again = type(ev).from_dict(ev.to_dict())        # survives the evidence file
+    assert again.primary.steps[2].probe_s == 12e-6 and again.primary.probe.windows == 1
+    [f] = probe_overhead(ev)
+    assert f.severity.value == "pass"
+    assert f.message.startswith("diag's probe took 0.4% of the median step (12 µs of 3.0 ms)")
+
+
+def test_the_check_warns_above_2_percent_and_names_the_extension_to_turn_off():
+    from diag.checks.probe import probe_overhead
+
+    [f] = probe_overhead(_evidence(150e-6, 3e-3))
+    assert f.severity.value == "warning"
+    assert "5.0% of the median step" in f.message
+    assert "DIAG_PROBE_DISABLE=perfprobe" in f.fix
+    assert f.evidence["median_step_share"] > 0.02
+
+
+def test_the_check_skips_evidence_without_probe_s():
+    from diag.checks.probe import probe_overhead
+    from diag.evidence import Evidence
+    from diag.fold import fold
+
+    ev = Evidence()
+    fold(ev, {"kind": "step", "rank": 0, "t": 1.0, "index": 1, "total_s": 0.01})
+    [f] = probe_overhead(ev)
+    assert f.severity.value == "skipped"
+
+
+def test_console_json_and_tui_headers_state_the_probes_share():
+    import io
+
+    from rich.console import Console
+
+    from diag.report.console import render_console
+    from diag.report.json import report_dict
+
+    ev = _evidence(12e-6, 3e-3)
+    buf = io.StringIO()
+    render_console(ev, [], Console(file=buf, width=120, force_terminal=False))
+    assert "diag's probe took 0.4% of the median step (12 µs of 3.0 ms)" in buf.getvalue()
+    summary = report_dict(ev, [], 0)["summary"]
+    assert abs(summary["probe"]["median_step_share"] - 0.004) < 1e-9
+    assert summary["probe"]["by_part"]["PerfProbe"] == 5e-3
+
+    from diag.tui.widgets import UIState
+    from diag.tui.widgets.header import header_lines
+
+    from types import SimpleNamespace
+
+    state = UIState(snapshot=SimpleNamespace(evidence=ev, findings=[]))
+    one, two = header_lines(state)
+    assert "diag's probe 0.4% of the median step" in two.plain
