@@ -2,7 +2,12 @@
 Pure Python over Evidence: no torch."""
 from __future__ import annotations
 
-from diag.evidence import median
+from diag.checks.api import cuda_device, device_types, fmt_bytes, median, training_models, training_sites
+
+__all__ = ["TUNING_GUIDE", "HALF", "PERF_MISSING", "guide", "perf_ran", "capability", "cap_str", "autocast_dtypes",
+           "half_param_dtypes", "phase_medians", "amdahl", "short_file", "size",
+           # from the API, for the check modules:
+           "cuda_device", "device_types", "training_models", "training_sites"]
 
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 HALF = ("float16", "bfloat16")
@@ -19,41 +24,6 @@ def perf_ran(r) -> bool:
 
 PERF_MISSING = ("the perf probe extension (diag.probe.perf) did not record this run "
                 "(disabled with DIAG_PROBE_DISABLE, or evidence from an older diag)")
-
-
-def training_sites(r) -> list:
-    return [s for s in r.forwards if s.in_step]
-
-
-def training_models(r) -> list:
-    ids = {s.model for s in training_sites(r)}
-    return [m for m in r.models if m.id in ids]
-
-
-def device_types(models) -> set[str]:
-    return {str(d).split(":")[0] for m in models for d in (m.devices or [])}
-
-
-def cuda_index(models) -> int | None:
-    for m in models:
-        for d in m.devices or []:
-            d = str(d)
-            if d.startswith("cuda"):
-                _, _, idx = d.partition(":")
-                return int(idx) if idx.isdigit() else 0
-    return None
-
-
-def cuda_device(ev, models):
-    """(DeviceInfo of the CUDA device the training models use, or None)."""
-    idx = cuda_index(models)
-    if idx is None:
-        return None
-    for d in ev.environment.devices:
-        if d.index == idx and d.type == "cuda":
-            return d
-    cuda = [d for d in ev.environment.devices if d.type == "cuda"]
-    return cuda[0] if cuda else None
 
 
 def capability(dev) -> tuple[int, int] | None:
@@ -94,15 +64,6 @@ def amdahl(share: float, speedup: float) -> float:
     return 1.0 / ((1.0 - share) + share / speedup)
 
 
-def loc_str(d: dict | None) -> str:
-    if not d:
-        return ""
-    s = str(d.get("file", "?"))
-    if d.get("line") is not None:
-        s += f":{d['line']}"
-    return s
-
-
 def short_file(d: dict | None) -> str:
     if not d:
         return ""
@@ -110,31 +71,6 @@ def short_file(d: dict | None) -> str:
     return f"{f}:{d['line']}" if d.get("line") is not None else f
 
 
-def indent_code(code: str | None, fallback: str) -> str:
-    return (code or fallback).strip()
-
-
 def size(n: float | None) -> str:
     """Bytes for people: 512 B, 12.0 KiB, 3.4 MiB, 1.25 GiB."""
-    if n is None:
-        return "N/A"
-    n = float(n)
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}" if unit == "GiB" else f"{n / div:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def cuda_training(r, cid: str, title: str, why_cuda: str):
-    """The models this rank trains when it trains on CUDA: ``(models, None)``; otherwise
-    ``(None, a skipped Finding)`` saying why the check cannot judge (no training forward, or the
-    model trains elsewhere: ``why_cuda`` says why the check is about CUDA)."""
-    from ._util import skipped
-
-    if not training_sites(r):
-        return None, skipped(cid, title, "No training forward was observed.")
-    models = training_models(r)
-    if "cuda" not in device_types(models):
-        devs = sorted(device_types(models)) or ["cpu"]
-        return None, skipped(cid, title, f"The model trains on {', '.join(devs)}: {why_cuda}", devices=devs)
-    return models, None
+    return fmt_bytes(n, style="precise")

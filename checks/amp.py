@@ -1,13 +1,12 @@
 """Precision checks: automatic mixed precision, gradient scaling, TF32, tensor-core friendly sizes."""
 from __future__ import annotations
 
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, cuda_training, Severity
 
-from ._perf import (cuda_training, PERF_MISSING, amdahl, autocast_dtypes, cap_str, capability, cuda_device,
+from ._perf import (PERF_MISSING, amdahl, autocast_dtypes, cap_str, capability, cuda_device,
                     guide, half_param_dtypes, perf_ran, phase_medians, short_file, training_models,
                     training_sites)
-from ._util import loc, passed, pct, skipped
+from ._util import loc, pct
 
 AMP_DOCS = "https://pytorch.org/docs/stable/amp.html"
 SCALER_DOCS = "https://pytorch.org/docs/stable/amp.html#gradient-scaling"
@@ -26,36 +25,32 @@ TENSOR_CORES = "this check is about CUDA tensor cores (see amp.availability for 
 
 @check(id="amp.unused", title="Training in fp32 on a GPU with tensor cores", severity="warning",
        needs=["ranks.forwards", "ranks.models", "environment.devices", "ranks.steps"], tags=["amp", "gpu"],
-       docs=guide("use-mixed-precision-and-amp"))
-def amp_unused(ev):
+       docs=guide("use-mixed-precision-and-amp"),
+       requires=[cuda_training(TENSOR_CORES)])
+def amp_unused(ctx):
     """Training forwards run in fp32 (no autocast, fp32 parameters) on a CUDA device whose tensor
     cores take fp16 (compute capability >= 7.0) or bf16 (>= 8.0). Recommends
     `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 plus GradScaler before Ampere) and bounds
     the gain with Amdahl's law: the tuning guide's "up to 3x" applied to the measured
     forward+backward share of the step. Warning when forward+backward take >= 30% of the step,
     info below (the step is bound elsewhere first). Skipped on CPU-only runs."""
-    cid, title = "amp.unused", "Training in fp32 on a GPU with tensor cores"
+    ev = ctx.evidence
     r = ev.primary
-    models, skip = cuda_training(r, cid, title, TENSOR_CORES)
-    if skip:
-        yield skip
-        return
+    models = ctx.models
     sites = training_sites(r)
     dev = cuda_device(ev, models)
     cap = capability(dev)
     name = dev.name if dev else "the GPU"
     if cap is not None and cap < (7, 0):
-        yield passed(cid, "No tensor cores to use",
-                     f"{name} (compute capability {cap_str(cap)}) has no tensor cores: mixed precision "
-                     "would save memory but not much time.", capability=cap_str(cap))
+        yield ctx.passed(f"{name} (compute capability {cap_str(cap)}) has no tensor cores: mixed precision "
+                     "would save memory but not much time.", capability=cap_str(cap), title="No tensor cores to use")
         return
     ac = autocast_dtypes(r)
     half = half_param_dtypes(models)
     if ac or half:
         used = sorted(ac | half)
-        yield passed(cid, "Mixed precision in use",
-                     f"Training forwards run in {', '.join(used)} "
-                     f"({'autocast' if ac else 'half-precision parameters'}).", dtypes=used)
+        yield ctx.passed(f"Training forwards run in {', '.join(used)} "
+                     f"({'autocast' if ac else 'half-precision parameters'}).", dtypes=used, title="Mixed precision in use")
         return
     bf16 = cap is None or cap >= (8, 0)
     dtype = "bfloat16" if bf16 else "float16"
@@ -82,8 +77,8 @@ def amp_unused(ev):
         how = ("Run forward and loss under torch.autocast(\"cuda\", dtype=torch.float16) with a GradScaler "
                f"(this GPU, compute capability {cap_str(cap)}, has no bf16 tensor cores).")
     site = max(sites, key=lambda s: s.count)
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"Training forwards run in float32 on {name} (compute capability {cap_str(cap)}), whose "
                 f"tensor cores take {dtype}{gain}.",
         evidence=numbers,
@@ -95,26 +90,26 @@ def amp_unused(ev):
 
 @check(id="amp.fp16-without-scaler", title="fp16 without gradient scaling", severity="warning",
        needs=["ranks.forwards", "ranks.models", "ranks.amp"], tags=["amp"], docs=SCALER_DOCS)
-def amp_fp16_without_scaler(ev):
+def amp_fp16_without_scaler(ctx):
     """Training forwards under fp16 autocast (or with fp16 parameters) and no enabled GradScaler
     scaling the loss: small gradients underflow to zero in fp16, so training silently stalls or
     diverges. bf16 needs no scaler. Observed through GradScaler construction and scale() calls."""
-    cid, title = "amp.fp16-without-scaler", "fp16 without gradient scaling"
+    ev = ctx.evidence
     r = ev.primary
     sites = training_sites(r)
     if not sites:
-        yield skipped(cid, title, "No training forward was observed.")
+        yield ctx.skip("No training forward was observed.")
         return
     fp16_sites = [s for s in sites if s.autocast == "float16"]
     models = training_models(r)
     fp16_params = [m for m in models if "float16" in (m.dtypes or [])]
     if not fp16_sites and not fp16_params:
         used = sorted(autocast_dtypes(r) | half_param_dtypes(models)) or ["float32"]
-        yield passed(cid, "No fp16 training", f"Training runs in {', '.join(used)}: no loss scaling needed.",
-                     dtypes=used)
+        yield ctx.passed(f"Training runs in {', '.join(used)}: no loss scaling needed.",
+                     dtypes=used, title="No fp16 training")
         return
     if not perf_ran(r) and not r.amp:
-        yield skipped(cid, title, f"fp16 is used, but GradScaler use was not recorded: {PERF_MISSING}.")
+        yield ctx.skip(f"fp16 is used, but GradScaler use was not recorded: {PERF_MISSING}.")
         return
     sc = (r.amp or {}).get("scaler") or {}
     steps = r.step_stats.count
@@ -123,9 +118,8 @@ def amp_fp16_without_scaler(ev):
                "scale_calls": sc.get("scale_calls", 0), "steps": steps}
     enabled_and_used = sc.get("enabled") and sc.get("scale_calls", 0) > 0
     if enabled_and_used:
-        yield passed(cid, "fp16 with gradient scaling",
-                     f"An enabled GradScaler scaled the loss {sc['scale_calls']} time(s) over {steps} step(s).",
-                     **numbers)
+        yield ctx.passed(f"An enabled GradScaler scaled the loss {sc['scale_calls']} time(s) over {steps} step(s).",
+                     **numbers, title="fp16 with gradient scaling")
         return
     if not sc.get("created"):
         what = "no GradScaler was created"
@@ -136,8 +130,8 @@ def amp_fp16_without_scaler(ev):
     site = (fp16_sites or sites)[0]
     where = f" ({short_file(site.location)})" if site.location else ""
     dev = site.autocast_device or "cuda"
-    yield Finding(
-        id=cid, severity=Severity.WARNING, title=title,
+    yield ctx.finding(
+        severity=Severity.WARNING,
         message=f"{numbers['fp16_forwards'] or 'Every'} training forward(s) ran under float16{where}, but {what}.",
         evidence=numbers,
         why="fp16 cannot represent gradients below ~6e-8; without loss scaling they flush to zero and "
@@ -155,12 +149,12 @@ def amp_fp16_without_scaler(ev):
 
 @check(id="amp.availability", title="Mixed precision on this machine", severity="info",
        needs=["environment.devices", "ranks.extras.perf"], tags=["amp"], docs=AMP_DOCS)
-def amp_availability(ev):
+def amp_availability(ctx):
     """An info line saying which reduced precisions this machine's devices support and why: fp16
     tensor cores from compute capability 7.0 (Volta), bf16 and TF32 from 8.0 (Ampere), fp8 from 8.9
     (Ada/Hopper). On a CPU-only run: bf16 autocast on CPU, fast only with AVX512-BF16/AMX, and the
     GPU-specific AMP checks are skipped."""
-    cid, title = "amp.availability", "Mixed precision on this machine"
+    ev = ctx.evidence
     envr = ev.environment
     cuda = [d for d in envr.devices if d.type == "cuda"]
     perf = (ev.primary.extras or {}).get("perf") or {}
@@ -178,8 +172,8 @@ def amp_availability(ev):
             parts.append(f"cuda:{d.index} {d.name} (compute capability {cap_str(cap)}): "
                          + (", ".join(have) if have else "no tensor cores"))
         best = "bfloat16" if all(s["bf16"] for s in support) else "float16 with GradScaler"
-        yield Finding(
-            id=cid, severity=Severity.INFO, title=title,
+        yield ctx.finding(
+            severity=Severity.INFO,
             message="; ".join(parts) + f". Use torch.autocast(\"cuda\", dtype=torch.{best.split()[0]})"
                     + (" with a GradScaler" if best.startswith("float16") else "") + " for training.",
             evidence={"devices": support, "cuda": envr.cuda, "torch": envr.torch, "cpu_capability": cpu_cap},
@@ -195,7 +189,7 @@ def amp_availability(ev):
               "works but is not expected to be faster than fp32 without AVX512-BF16 or AMX."))
     if envr.mps_available:
         msg += " Apple MPS is available: torch.autocast(\"mps\", dtype=torch.float16) is supported there."
-    yield Finding(id=cid, severity=Severity.INFO, title=title, message=msg,
+    yield ctx.finding(severity=Severity.INFO, message=msg,
                   evidence={"cuda_available": envr.cuda_available, "cuda_build": envr.cuda,
                             "cpu_capability": cpu_cap, "mps_available": envr.mps_available,
                             "cpu_bf16_hardware": bf16_fast})
@@ -203,45 +197,43 @@ def amp_availability(ev):
 
 @check(id="matmul.tf32", title="fp32 matmuls without TF32", severity="warning",
        needs=["environment.float32_matmul_precision", "environment.devices", "ranks.forwards", "ranks.steps"],
-       tags=["amp", "gpu"], docs=guide("enable-tensor-cores"))
-def matmul_tf32(ev):
+       tags=["amp", "gpu"], docs=guide("enable-tensor-cores"),
+       requires=[cuda_training(TENSOR_CORES)])
+def matmul_tf32(ctx):
     """fp32 training (no autocast) on an Ampere-or-newer GPU (compute capability >= 8.0) with
     `torch.get_float32_matmul_precision() == "highest"` and TF32 matmuls off: matrix multiplies run
     on the slow fp32 path instead of TF32 tensor cores (7-8x the fp32 peak on A100/H100). Warning when
     forward+backward take >= 30% of the step, info below. Skipped on CPU-only runs."""
-    cid, title = "matmul.tf32", "fp32 matmuls without TF32"
+    ev = ctx.evidence
     r = ev.primary
-    models, skip = cuda_training(r, cid, title, TENSOR_CORES)
-    if skip:
-        yield skip
-        return
+    models = ctx.models
     dev = cuda_device(ev, models)
     cap = capability(dev)
     if cap is not None and cap < (8, 0):
-        yield passed(cid, "No TF32 on this GPU", f"{dev.name} (compute capability {cap_str(cap)}) has no "
-                     "TF32 tensor cores.", capability=cap_str(cap))
+        yield ctx.passed(f"{dev.name} (compute capability {cap_str(cap)}) has no "
+                     "TF32 tensor cores.", capability=cap_str(cap), title="No TF32 on this GPU")
         return
     if autocast_dtypes(r) or half_param_dtypes(models):
-        yield passed(cid, "Matmuls run in reduced precision", "Training runs under autocast / half "
-                     "precision: its matmuls do not use the fp32 path.")
+        yield ctx.passed("Training runs under autocast / half "
+                     "precision: its matmuls do not use the fp32 path.", title="Matmuls run in reduced precision")
         return
     envr = ev.environment
     prec = envr.float32_matmul_precision
     if prec in ("high", "medium") or envr.allow_tf32_matmul:
-        yield passed(cid, "TF32 enabled", f"float32 matmul precision is {prec!r} "
+        yield ctx.passed(f"float32 matmul precision is {prec!r} "
                      f"(allow_tf32={envr.allow_tf32_matmul}): fp32 matmuls use TF32 tensor cores.",
-                     precision=prec)
+                     precision=prec, title="TF32 enabled")
         return
     if prec is None:
-        yield skipped(cid, title, "The float32 matmul precision was not recorded.")
+        yield ctx.skip("The float32 matmul precision was not recorded.")
         return
     ph = phase_medians(r)
     share = ph["compute_share"] if ph else None
     sev = Severity.WARNING if share is None or share >= COMPUTE_WARN_SHARE else Severity.INFO
     bound = round(amdahl(share, TF32_PEAK_RATIO), 2) if share is not None else None
     name = dev.name if dev else "the GPU"
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"fp32 matmuls run at full fp32 precision on {name} (compute capability {cap_str(cap)}, "
                 f"float32_matmul_precision={prec!r})"
                 + (f"; forward+backward take {pct(share)} of the step, so TF32 could make the step up to "
@@ -277,25 +269,23 @@ def _misaligned(layer: dict) -> list[str]:
 
 @check(id="tensor-cores.alignment", title="Layer sizes not multiples of 8", severity="warning",
        needs=["ranks.models.layer_shapes", "ranks.forwards", "environment.devices"], tags=["amp", "gpu"],
-       docs=guide("use-mixed-precision-and-amp"))
-def tensor_cores_alignment(ev):
+       docs=guide("use-mixed-precision-and-amp"),
+       requires=[cuda_training(TENSOR_CORES)])
+def tensor_cores_alignment(ctx):
     """Under fp16/bf16 on CUDA, Linear in/out features, Embedding dims and conv channels that are not
     multiples of 8 keep matmuls off the fastest tensor-core kernels. Weighted by each layer's share of
     the matmul weights (in x out): warning at >= 10%, ignored below 1% (a small classifier head).
     Skipped without CUDA or without mixed precision (see amp.unused)."""
-    cid, title = "tensor-cores.alignment", "Layer sizes not multiples of 8"
+    ev = ctx.evidence
     r = ev.primary
-    models, skip = cuda_training(r, cid, title, TENSOR_CORES)
-    if skip:
-        yield skip
-        return
+    models = ctx.models
     if not (autocast_dtypes(r) or half_param_dtypes(models)):
-        yield skipped(cid, title, "Training runs in fp32, which does not use fp16/bf16 tensor cores "
+        yield ctx.skip("Training runs in fp32, which does not use fp16/bf16 tensor cores "
                                   "(see amp.unused and matmul.tf32).")
         return
     layers = [(m, lay) for m in models for lay in (m.layer_shapes or [])]
     if not layers:
-        yield skipped(cid, title, "No Linear/Embedding/convolution layer shapes were recorded.")
+        yield ctx.skip("No Linear/Embedding/convolution layer shapes were recorded.")
         return
     weight = lambda lay: (lay.get("in") or 0) * (lay.get("out") or 0)  # noqa: E731
     total = sum(weight(lay) for _, lay in layers) or 1
@@ -307,9 +297,8 @@ def tensor_cores_alignment(ev):
     counted = [b for b in bad if b[3] >= ALIGN_MIN_SHARE]
     share = sum(b[3] for b in counted)
     if not counted:
-        yield passed(cid, "Layer sizes fit tensor cores",
-                     f"{len(layers)} layer(s) checked: every one holding >= 1% of the weights has sizes "
-                     "in multiples of 8.", layers=len(layers), misaligned_small=len(bad))
+        yield ctx.passed(f"{len(layers)} layer(s) checked: every one holding >= 1% of the weights has sizes "
+                     "in multiples of 8.", layers=len(layers), misaligned_small=len(bad), title="Layer sizes fit tensor cores")
         return
     counted.sort(key=lambda b: -b[3])
     examples = [f"{lay.get('type')}({lay.get('in')}, {lay.get('out')}) in {m.cls}: {', '.join(why)}"
@@ -321,8 +310,8 @@ def tensor_cores_alignment(ev):
 
     _, lay0, _, _ = counted[0]
     a, b = lay0.get("in"), lay0.get("out")
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"{len(counted)} layer(s) holding {pct(share)} of the matmul weights have sizes that are "
                 f"not multiples of 8: " + "; ".join(examples) + ".",
         evidence={"misaligned_layers": len(counted), "weight_share": round(share, 4),

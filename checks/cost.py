@@ -1,12 +1,9 @@
 """Cost checks: the model FLOPs utilisation the run achieved, measured on one real step."""
 from __future__ import annotations
 
-from diag.cost.formulas import DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, TYPICAL_MFU
-from diag.cost.measured import from_rank
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, flops_summary, Severity, TYPICAL_MFU
 
-from ._util import ms, pct, skipped
+from ._util import ms, pct
 
 PALM = "https://arxiv.org/abs/2204.02311"
 LOW_MFU = 0.20          # below every large public run in formulas.TYPICAL_MFU (GPT-3 on V100: 21%)
@@ -80,31 +77,33 @@ def _hints(r, m: dict, s: dict, ev) -> list[tuple[str, str, str | None]]:
 
 @check(id="cost.mfu", title="Model FLOPs utilisation", severity="info",
        needs=["ranks.flops", "ranks.steps"], tags=["cost", "performance"], docs=PALM)
-def cost_mfu(ev):
+def cost_mfu(ctx):
     """The model FLOPs utilisation (MFU) of the run: FLOPs of one real training step (counted with
     torch.utils.flop_counter.FlopCounterMode) over the median step time, divided by the dense peak
     of the device for the precision used (from the GPU catalogue). Warning below 20% (every large
     public run reaches more: GPT-3 21%, Megatron 41-56%, PaLM 46%, Llama 3 38-43%); otherwise info,
     with what typical well-tuned runs reach on that GPU class and what in the evidence would raise it.
     Skipped on CPU or on a GPU the catalogue does not know (the achieved FLOP/s are still reported)."""
-    title = "Model FLOPs utilisation"
+    ev = ctx.evidence
+    title = ctx.title
     if not ev.ranks:
-        yield skipped("cost.mfu", title, "No process was observed.")
+        yield ctx.skip("No process was observed.")
         return
     r = ev.primary
     flops = r.flops if isinstance(r.flops, dict) else {}
     m = flops.get("measured")
     if not m:
         reason = flops.get("status") or "FLOPs were not measured (the flopcounter probe extension did not run)"
-        yield skipped("cost.mfu", title, f"No FLOP measurement: {reason}.".replace("..", "."))
+        yield ctx.skip(f"No FLOP measurement: {reason}.".replace("..", "."))
         return
     if not m.get("flops"):
-        yield skipped("cost.mfu", title, "The measured step counted no FLOPs (compiled or custom kernels are "
+        yield ctx.skip("The measured step counted no FLOPs (compiled or custom kernels are "
                                         "invisible to FlopCounterMode).", step=m.get("step"))
         return
-    s = from_rank(r)
+    # judged here, against diag's catalogue, from the recorded FLOPs and device name
+    m, s = flops_summary(r)
     if not s or not s.get("step_s"):
-        yield skipped("cost.mfu", title, "No timed step besides the measured one: run a few more steps.",
+        yield ctx.skip("No timed step besides the measured one: run a few more steps.",
                       flops=m["flops"])
         return
     numbers = {
@@ -122,8 +121,7 @@ def cost_mfu(ev):
             else f"{s['samples_per_s']:,.1f} samples/s" if s.get("samples_per_s") else "")
     if s["mfu"] is None:
         why = m.get("peak_note") or "no catalogue peak for this device"
-        yield skipped("cost.mfu", title,
-                      f"The run achieved {achieved} ({_sci(m.get('model_flops'))} FLOPs per step in "
+        yield ctx.skip(f"The run achieved {achieved} ({_sci(m.get('model_flops'))} FLOPs per step in "
                       f"{ms(s['step_s'])}{', ' + rate if rate else ''}), but MFU needs a dense peak: {why}.",
                       **numbers)
         return
@@ -139,8 +137,8 @@ def cost_mfu(ev):
     if m.get("recompute_detected") and s.get("hfu"):
         base += f", HFU {pct(s['hfu'])}"
     if mfu > 1.0:
-        yield Finding(
-            id="cost.mfu", severity=Severity.WARNING, title="MFU above 100%",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="MFU above 100%",
             message=base + "; more than the hardware can do, so the catalogue's peak for this device is likely wrong.",
             evidence=numbers, fix="Check the GPU's entry (diag cost --list-gpus) and override it in "
                                   "~/.config/diag/gpus.toml.")
@@ -155,8 +153,8 @@ def cost_mfu(ev):
     fix = hints[0][1] if hints else ("Larger batches, bf16 autocast and a fused optimizer are the usual levers; "
                                      "profile the step to see which kernels dominate.")
     snippet = hints[0][2] if hints else None
-    yield Finding(
-        id="cost.mfu", severity=sev, title=ttl, message=msg + ".", evidence=numbers,
+    yield ctx.finding(
+        severity=sev, title=ttl, message=msg + ".", evidence=numbers,
         why=(f"MFU turns into money: at {pct(mfu)} a job pays for {1 / mfu:.1f}x the GPU time its FLOPs need. "
              f"Without a measurement, estimates assume {DEFAULT_MFU_LLM:.0%} (language models) or "
              f"{DEFAULT_MFU_OTHER:.0%} (other models) (Epoch AI)."),

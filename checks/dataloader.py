@@ -2,14 +2,12 @@
 batches built by hand in the training loop."""
 from __future__ import annotations
 
+from diag.checks.api import check, cuda_training, median, Severity
+
 import math
 
-from diag.evidence import median
-from diag.findings import Finding, Severity
-from diag.registry import check
-
-from ._perf import cuda_training, PERF_MISSING, guide, perf_ran, short_file, training_sites
-from ._util import loc, ms, passed, pct, skipped
+from ._perf import PERF_MISSING, guide, perf_ran, short_file, training_sites
+from ._util import loc, ms, pct
 
 WARN_SHARE = 0.10    # data wait >= 10% of step time: warning (TraceML warns at 10%)
 ERROR_SHARE = 0.30   # >= 30%: error (the model idles a third of the time)
@@ -99,7 +97,7 @@ def steady_fetch(loader) -> tuple[float | None, float | None]:
 @check(id="dataloader.workers", title="Training waits for data", severity="warning",
        needs=["ranks.steps", "ranks.dataloaders", "environment.cpu_count"], tags=["data"],
        docs=guide("enable-asynchronous-data-loading-and-augmentation"))
-def dataloader_workers(ev):
+def dataloader_workers(ctx):
     """Share of step time spent waiting in DataLoader.__next__ (median over the steady state,
     the first step excluded). Warning at >= 10% of step time, error at >= 30%. Passes when the wait
     is negligible, even with num_workers=0. Recommends a num_workers from the measured per-batch
@@ -107,15 +105,15 @@ def dataloader_workers(ev):
     the compute rate and capped at the usable CPUs minus one, and predicts the step time after it.
     With workers, the steps that fetched an epoch's first batch (worker start-up) are left out:
     dataloader.persistent-workers judges those."""
+    ev = ctx.evidence
     r = ev.primary
     if not r.dataloaders:
-        yield skipped("dataloader.workers", "Training waits for data",
-                      "No DataLoader was iterated (see dataloader.main-thread-data for hand-made batching).")
+        yield ctx.skip("No DataLoader was iterated (see dataloader.main-thread-data for hand-made batching).")
         return
     loader = max(r.dataloaders, key=lambda d: d.batches)
     share = data_share(r, exclude_epoch_starts=loader.num_workers > 0)
     if share is None:
-        yield skipped("dataloader.workers", "Training waits for data", "No training step was observed.")
+        yield ctx.skip("No training step was observed.")
         return
     frac, wait, compute, n = share
     cpus = ev.environment.cpu_count
@@ -126,9 +124,8 @@ def dataloader_workers(ev):
                "wait_per_batch_steady_s": round(steady, 6) if steady is not None else None,
                "first_batch_mean_s": round(first, 6) if first is not None else None}
     if frac < WARN_SHARE:
-        yield passed("dataloader.workers", "Data arrives in time",
-                     f"The model waited for data {pct(frac)} of step time ({ms(wait)} per step, "
-                     f"num_workers={loader.num_workers}).", **numbers)
+        yield ctx.passed(f"The model waited for data {pct(frac)} of step time ({ms(wait)} per step, "
+                     f"num_workers={loader.num_workers}).", **numbers, title="Data arrives in time")
         return
     rec = recommended_workers(loader.num_workers, wait, compute, cpus)
     f = fetch_time(loader.num_workers, wait, compute)
@@ -155,8 +152,8 @@ def dataloader_workers(ev):
                     "cheaper (cache decoded data, augment on the GPU).")
         snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
                    f"                    pin_memory=True, persistent_workers=True)")
-    yield Finding(
-        id="dataloader.workers", severity=sev, title="Training waits for data",
+    yield ctx.finding(
+        severity=sev,
         message=f"The model waited for data {pct(frac)} of step time ({ms(wait)} of {ms(wait + compute)} "
                 f"per step over {n} steps) with num_workers={loader.num_workers} on {cpus} CPUs.",
         evidence=numbers,
@@ -182,19 +179,16 @@ def _batch_bytes(r) -> int | None:
 
 @check(id="dataloader.pin-memory", title="Host-to-GPU copies from pageable memory", severity="warning",
        needs=["ranks.dataloaders", "ranks.models", "ranks.extras.copies", "ranks.steps"], tags=["data", "gpu"],
-       docs=PIN_DOCS)
-def dataloader_pin_memory(ev):
+       docs=PIN_DOCS,
+       requires=[cuda_training("pinned memory only speeds up host-to-GPU copies.")])
+def dataloader_pin_memory(ctx):
     """CUDA training whose DataLoader does not pin memory, or `.to(device, non_blocking=True)` from
     pageable (unpinned) memory, which silently runs synchronously. Sized by the estimated copy time
     per step (measured host-to-device bytes per step, else the batch's size, at ~12 GB/s pageable vs
     ~24 GB/s pinned over PCIe 4.0): warning when it is >= 5% of the step, info below.
     Skipped when the model does not train on CUDA."""
-    cid, title = "dataloader.pin-memory", "Host-to-GPU copies from pageable memory"
+    ev = ctx.evidence
     r = ev.primary
-    models, skip = cuda_training(r, cid, title, "pinned memory only speeds up host-to-GPU copies.")
-    if skip:
-        yield skip
-        return
     copies = (r.extras or {}).get("copies") or {}
     loaders = [d for d in r.dataloaders if d.batches > 0]
     unpinned = [d for d in loaders if not d.pin_memory]
@@ -217,12 +211,11 @@ def dataloader_pin_memory(ev):
                "step_s": round(step_s, 6) if step_s else None}
     if not unpinned and not pageable_nb:
         if not loaders and not copies:
-            yield skipped(cid, title, "No DataLoader fed the training and host-to-device copies were not "
+            yield ctx.skip("No DataLoader fed the training and host-to-device copies were not "
                                       f"recorded ({PERF_MISSING}).")
             return
-        yield passed(cid, "Copies come from pinned memory",
-                     "Every DataLoader pins its batches and no non_blocking copy came from pageable memory.",
-                     **numbers)
+        yield ctx.passed("Every DataLoader pins its batches and no non_blocking copy came from pageable memory.",
+                     **numbers, title="Copies come from pinned memory")
         return
     sev = Severity.WARNING if share is None or share >= PIN_WARN_SHARE else Severity.INFO
     parts = []
@@ -238,8 +231,8 @@ def dataloader_pin_memory(ev):
     size = (f"; about {per_step / (1 << 20):.1f} MiB cross per step, an estimated {ms(est)} "
             f"({pct(share)} of the {ms(step_s)} step) at pageable-copy speed") if share is not None else ""
     location = loc(sites[0]) if pageable_nb and sites else loc(unpinned[0].location) if unpinned else None
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message="; ".join(parts) + size + ".",
         evidence=numbers,
         why="A copy from pageable memory is staged through a pinned buffer by the driver, at about half "
@@ -258,30 +251,29 @@ def dataloader_pin_memory(ev):
 @check(id="dataloader.persistent-workers", title="DataLoader workers re-spawned every epoch",
        severity="warning", needs=["ranks.dataloaders.first_batch_s", "ranks.steps"], tags=["data"],
        docs=DATALOADER_DOCS)
-def dataloader_persistent_workers(ev):
+def dataloader_persistent_workers(ctx):
     """A DataLoader with num_workers > 0 and persistent_workers=False starts its worker processes
     again at every epoch: the first batch of each epoch after the first waits for the start-up.
     Measured per epoch from the first-batch latency minus the steady per-batch wait, as a share of
     the epoch's time (batches per epoch x median step): warning at >= 5%, info at >= 1%.
     Skipped when no loader has workers or fewer than two epochs were seen."""
-    cid, title = "dataloader.persistent-workers", "DataLoader workers re-spawned every epoch"
+    ev = ctx.evidence
     r = ev.primary
     if not r.dataloaders:
-        yield skipped(cid, title, "No DataLoader was iterated.")
+        yield ctx.skip("No DataLoader was iterated.")
         return
     workers = [d for d in r.dataloaders if d.num_workers > 0]
     if not workers:
-        yield skipped(cid, title, "No DataLoader uses worker processes (num_workers=0): nothing is re-spawned.")
+        yield ctx.skip("No DataLoader uses worker processes (num_workers=0): nothing is re-spawned.")
         return
     non_persistent = [d for d in workers if not d.persistent_workers]
     if not non_persistent:
-        yield passed(cid, "Workers persist across epochs",
-                     f"{len(workers)} DataLoader(s) with workers keep them alive between epochs.")
+        yield ctx.passed(f"{len(workers)} DataLoader(s) with workers keep them alive between epochs.", title="Workers persist across epochs")
         return
     multi = [d for d in non_persistent if d.epochs >= 2 and len(d.first_batch_s) >= 2]
     if not multi:
         d = non_persistent[0]
-        yield skipped(cid, title, f"The DataLoader with {d.num_workers} workers was iterated for {d.epochs} "
+        yield ctx.skip(f"The DataLoader with {d.num_workers} workers was iterated for {d.epochs} "
                                   "epoch(s): the re-spawn cost shows from the second epoch (run longer).",
                       epochs=d.epochs)
         return
@@ -306,16 +298,15 @@ def dataloader_persistent_workers(ev):
                "epoch_s": round(epoch_s, 4) if epoch_s else None,
                "share_of_epoch": round(share, 4) if share is not None else None}
     if share is None:
-        yield skipped(cid, title, "No training step time to compare the re-spawn cost with.", **numbers)
+        yield ctx.skip("No training step time to compare the re-spawn cost with.", **numbers)
         return
     if share < RESPAWN_INFO_SHARE:
-        yield passed(cid, "Worker start-up is negligible",
-                     f"Starting {d.num_workers} workers costs {ms(cost)} per epoch, {pct(share)} of an epoch.",
-                     **numbers)
+        yield ctx.passed(f"Starting {d.num_workers} workers costs {ms(cost)} per epoch, {pct(share)} of an epoch.",
+                     **numbers, title="Worker start-up is negligible")
         return
     sev = Severity.WARNING if share >= RESPAWN_WARN_SHARE else Severity.INFO
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"The DataLoader re-spawns its {d.num_workers} workers every epoch: the first batch of epochs "
                 f"2-{d.epochs} waited {ms(median(d.first_batch_s[1:]))} against {ms(steady or 0.0)} for a "
                 f"steady batch, {ms(cost)} lost per epoch ({pct(share)} of a {ms(epoch_s)} epoch).",
@@ -332,23 +323,23 @@ def dataloader_persistent_workers(ev):
 @check(id="dataloader.main-thread-data", title="Batches built in the training loop", severity="warning",
        needs=["ranks.steps.extra.pre_forward_s", "ranks.dataloaders"], tags=["data"],
        docs=guide("enable-asynchronous-data-loading-and-augmentation"))
-def dataloader_main_thread_data(ev):
+def dataloader_main_thread_data(ctx):
     """Time between the end of one step and the first training forward of the next that is neither
     DataLoader wait nor evaluation: the main thread building or moving the batch (indexing a dataset
     by hand, torch.stack of samples, tokenising, augmenting, `.to(device)`), while the model waits.
     Median share of step time over the timed steps: warning at >= 10%, error at >= 30%; gaps under
     0.5 ms pass whatever the share (a DataLoader's own per-batch cost is of that order)."""
-    cid, title = "dataloader.main-thread-data", "Batches built in the training loop"
+    ev = ctx.evidence
     r = ev.primary
     steps = r.timed_steps()
     if not steps:
-        yield skipped(cid, title, "No training step was observed.")
+        yield ctx.skip("No training step was observed.")
         return
     gaps = [s.extra.get("pre_forward_s") for s in steps if isinstance(s.extra, dict)]
     gaps = [g for g in gaps if isinstance(g, (int, float))]
     if not gaps:
         reason = PERF_MISSING if not perf_ran(r) else "no step recorded the time before its first forward"
-        yield skipped(cid, title, f"The time before each step's forward was not measured: {reason}.")
+        yield ctx.skip(f"The time before each step's forward was not measured: {reason}.")
         return
     gap = median(gaps)
     total = median([s.total_s for s in steps])
@@ -359,9 +350,8 @@ def dataloader_main_thread_data(ev):
                "other_share": round(other / total, 4) if total > 0 else None, "steps": len(gaps),
                "dataloader": bool(loaders)}
     if share < WARN_SHARE or gap < MIN_MAIN_THREAD_GAP_S:
-        yield passed(cid, "Little work between steps",
-                     f"{pct(share)} of step time ({ms(gap)}) passes between a step's end and the next "
-                     "forward outside the DataLoader.", **numbers)
+        yield ctx.passed(f"{pct(share)} of step time ({ms(gap)}) passes between a step's end and the next "
+                     "forward outside the DataLoader.", **numbers, title="Little work between steps")
         return
     sev = Severity.ERROR if share >= ERROR_SHARE else Severity.WARNING
     site = max(training_sites(r), key=lambda s: s.count, default=None)
@@ -383,7 +373,7 @@ def dataloader_main_thread_data(ev):
                    "loader = DataLoader(MyData(), batch_size=B, shuffle=True, num_workers=4,\n"
                    "                    pin_memory=True, persistent_workers=True)\n"
                    "for x, y in loader:\n    ...")
-    yield Finding(id=cid, severity=sev, title=title, message=msg, evidence=numbers,
+    yield ctx.finding(severity=sev, message=msg, evidence=numbers,
                   why="The model (and the GPU) idles while the main thread prepares the next batch; "
                       "worker processes overlap that work with training.",
                   fix=fix, snippet=snippet, location=loc(site.location) if site else None)

@@ -2,11 +2,9 @@
 sharing a device. Pure functions of Evidence (one RankEvidence per rank; see docs/distributed.md)."""
 from __future__ import annotations
 
-from diag.evidence import median
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, median, Severity
 
-from ._util import gib, ms, passed, pct, skipped
+from ._util import gib, ms, pct
 
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
 DDP_TUTORIAL = "https://pytorch.org/tutorials/intermediate/ddp_tutorial.html"
@@ -70,7 +68,7 @@ def rank_phases(r, skip_warmup: int = 1) -> dict | None:
 @check(id="distributed.straggler", title="One rank holds the others back", severity="warning",
        needs=["ranks.steps", "ranks.host", "ranks.distributed.comm"], tags=["distributed", "performance"],
        docs=DOCS)
-def straggler(ev):
+def straggler(ctx):
     """Under DDP every rank waits for the slowest one in the gradient all-reduce, so the step totals
     come out equal: the straggler shows in the phases *before* the collective. For each rank and
     phase (data wait, forward, backward, optimizer step, other work) the median over the timed
@@ -79,12 +77,12 @@ def straggler(ev):
     (error), the TraceML straggler-score thresholds. Names the rank, its host and the phase; the
     other ranks' measured collective wait corroborates it. "Other work" is judged only where the
     collective wait was measured (otherwise it contains the wait itself)."""
-    cid, title = "distributed.straggler", "One rank holds the others back"
+    ev = ctx.evidence
     if not _multi(ev):
-        yield skipped(cid, title, "Single-process run: there is no other rank to compare with.")
+        yield ctx.skip("Single-process run: there is no other rank to compare with.")
         return
     if len(ev.ranks) < 2:
-        yield skipped(cid, title, f"Only rank {ev.ranks[0].rank} of {ev.ranks[0].world_size} was observed "
+        yield ctx.skip(f"Only rank {ev.ranks[0].rank} of {ev.ranks[0].world_size} was observed "
                                   "(merge the other nodes' evidence with --from to compare ranks).")
         return
     phases = {}
@@ -96,13 +94,13 @@ def straggler(ev):
             continue
         phases[r.rank] = p
     if len(phases) < 2:
-        yield skipped(cid, title, f"Too few timed steps to compare ranks ({', '.join(short)}; "
+        yield ctx.skip(f"Too few timed steps to compare ranks ({', '.join(short)}; "
                                   f"{MIN_STEPS} per rank needed).")
         return
     by_rank = {r.rank: r for r in ev.ranks}
     step = median([p["total_s"] for p in phases.values()])
     if step <= 0:
-        yield skipped(cid, title, "The measured step time is zero.")
+        yield ctx.skip("The measured step time is zero.")
         return
     measured = all(_comm_measured(by_rank[k]) for k in phases)
     judged = [(k, label) for k, label in PHASES if k != "other_s" or measured]
@@ -131,11 +129,10 @@ def straggler(ev):
                                                                 "total_s")}
                 for k, v in sorted(phases.items())}
     if not candidates:
-        yield passed(cid, "No straggler among the ranks",
-                     f"{len(phases)} ranks: no phase is slower on one rank by >= {pct(STRAGGLER_WARN)} of the "
+        yield ctx.passed(f"{len(phases)} ranks: no phase is slower on one rank by >= {pct(STRAGGLER_WARN)} of the "
                      f"{ms(step)} step (largest difference {pct(max(worst_score, 0.0))}).",
                      ranks=len(phases), step_s=round(step, 6), max_score=round(max(worst_score, 0.0), 4),
-                     comm_wait_measured=measured)
+                     comm_wait_measured=measured, title="No straggler among the ranks")
         return
     candidates.sort(reverse=True)
     score, rank, key, label, value, ref, adjusted = candidates[0]
@@ -167,8 +164,8 @@ def straggler(ev):
         numbers["also"] = ", ".join(also)
         msg = msg[:-1] + f"; also slow: {', '.join(also)}."
     fix, snippet = _straggler_fix(key, rank, bigger)
-    yield Finding(
-        id=cid, severity=sev, title=title, message=msg, evidence={**numbers, "per_rank": per_rank},
+    yield ctx.finding(
+        severity=sev, message=msg, evidence={**numbers, "per_rank": per_rank},
         why="DDP's all-reduce makes every rank wait for the slowest one at every step, so the whole job "
             f"runs at rank {rank}'s pace; the other {len(phases) - 1} rank(s) idle for the difference.",
         fix=fix, snippet=snippet,
@@ -221,14 +218,14 @@ def rank_peak_memory(r) -> tuple[int | None, str]:
 
 @check(id="distributed.memory-imbalance", title="Ranks use unequal memory", severity="warning",
        needs=["ranks.distributed.memory", "ranks.memory.steps"], tags=["distributed", "memory"], docs=DDP_TUTORIAL)
-def memory_imbalance(ev):
+def memory_imbalance(ctx):
     """Per-rank peak memory spread: (max - min) / max of the ranks' peaks (CUDA peak allocated on
     each rank's device; host peak RSS for CPU runs). Warning at >= 20%, error at >= 30% (TraceML's
     rank memory skew thresholds); differences under 128 MiB are not judged. Every rank runs the
     same batch, so the heaviest rank decides the batch size every rank can use."""
-    cid, title = "distributed.memory-imbalance", "Ranks use unequal memory"
+    ev = ctx.evidence
     if not _multi(ev):
-        yield skipped(cid, title, "Single-process run: there is no other rank to compare with.")
+        yield ctx.skip("Single-process run: there is no other rank to compare with.")
         return
     peaks = {}
     kinds = set()
@@ -243,7 +240,7 @@ def memory_imbalance(ev):
     else:
         what = "peak host memory (RSS)"
     if len(peaks) < 2:
-        yield skipped(cid, title, f"Per-rank memory was recorded for {len(peaks)} rank(s); two are needed "
+        yield ctx.skip(f"Per-rank memory was recorded for {len(peaks)} rank(s); two are needed "
                                   "(the distributed probe extension records it).")
         return
     by_rank = {r.rank: r for r in ev.ranks}
@@ -256,8 +253,7 @@ def memory_imbalance(ev):
                "min_bytes": lo, "others_median_bytes": int(others), "skew": round(skew, 4),
                "measure": what, "ranks": len(peaks)}
     if skew < SKEW_WARN or hi - lo < SKEW_MIN_BYTES:
-        yield passed(cid, "Ranks use similar memory",
-                     f"{len(peaks)} ranks: {what} from {gib(lo)} to {gib(hi)} (spread {pct(skew)}).", **numbers)
+        yield ctx.passed(f"{len(peaks)} ranks: {what} from {gib(lo)} to {gib(hi)} (spread {pct(skew)}).", **numbers, title="Ranks use similar memory")
         return
     sev = Severity.ERROR if skew >= SKEW_ERROR else Severity.WARNING
     total = (by_rank[hi_rank].distributed.get("memory") or {}).get("total_bytes")
@@ -276,7 +272,7 @@ def memory_imbalance(ev):
         fix = (f"Find what rank {hi_rank} holds that the others do not: a dataset, cache or metrics kept by one "
                "rank only, or evaluation run on one rank. Load data per shard and keep rank-specific work small.")
         snippet = None
-    yield Finding(id=cid, severity=sev, title=title, message=msg, evidence=numbers,
+    yield ctx.finding(severity=sev, message=msg, evidence=numbers,
                   why="Every rank runs the same model and batch size, so the heaviest rank sets the limit: the "
                       "others leave memory unused that a larger batch could have used, and the heaviest one "
                       "runs out first.",
@@ -315,29 +311,29 @@ def _model_device_types(r) -> set[str]:
 @check(id="distributed.backend", title="Collective backend", severity="warning",
        needs=["ranks.distributed", "ranks.models", "environment.cuda_available"], tags=["distributed"],
        docs=BACKENDS)
-def backend(ev):
+def backend(ctx):
     """The process group's backend suits the tensors: NCCL for CUDA tensors (gloo moves them through
     host memory, several times slower); a torch build with NCCL where CUDA is used by several
     processes; a process group at all when several processes train (without one every rank trains
     its own unsynchronised copy)."""
-    cid, title = "distributed.backend", "Collective backend"
+    ev = ctx.evidence
     if not _multi(ev):
-        yield skipped(cid, title, "Single-process run: no collective backend in use.")
+        yield ctx.skip("Single-process run: no collective backend in use.")
         return
     ranks = [r for r in ev.ranks if r.distributed]
     if not ranks:
-        yield skipped(cid, title, "The distributed probe extension recorded nothing (disabled, or evidence "
+        yield ctx.skip("The distributed probe extension recorded nothing (disabled, or evidence "
                                   "from an older diag).")
         return
     inited = [r for r in ranks if r.distributed.get("initialized")]
     stepped = sum(max(r.step_stats.count, len(r.steps)) for r in ev.ranks)
     if not inited:
         if not any("initialized" in r.distributed for r in ranks) or stepped == 0:
-            yield skipped(cid, title, "No training step was observed, so the process group was not inspected.")
+            yield ctx.skip("No training step was observed, so the process group was not inspected.")
             return
         world = max(r.world_size for r in ev.ranks)
-        yield Finding(
-            id=cid, severity=Severity.WARNING, title="Several processes but no process group",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="Several processes but no process group",
             message=f"{world} processes trained ({stepped} steps) but none initialised torch.distributed: "
                     "every rank trains its own copy of the model and nothing is synchronised.",
             evidence={"world_size": world, "steps": stepped},
@@ -358,8 +354,8 @@ def backend(ev):
     cuda_backend = _backend_for(d, "cuda")
     if "cuda" in dev_types and cuda_backend == "gloo":
         nccl = bool(avail.get("nccl"))
-        yield Finding(
-            id=cid, severity=Severity.ERROR if nccl else Severity.WARNING,
+        yield ctx.finding(
+            severity=Severity.ERROR if nccl else Severity.WARNING,
             title="gloo carries CUDA tensors",
             message=f"The process group uses gloo for CUDA tensors (backend '{d.get('backend_config') or d.get('backend')}') "
                     f"across {d.get('world_size')} ranks" + ("" if nccl else "; this torch build has no NCCL") + ".",
@@ -371,8 +367,8 @@ def backend(ev):
             snippet="dist.init_process_group(backend=\"nccl\")   # or \"cpu:gloo,cuda:nccl\" for both")
         return
     if "cuda" in dev_types and not avail.get("nccl"):
-        yield Finding(
-            id=cid, severity=Severity.WARNING, title="NCCL is not available",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="NCCL is not available",
             message=f"CUDA tensors are trained on {d.get('world_size')} ranks but this torch build has no NCCL "
                     f"(backend '{d.get('backend')}').",
             evidence=numbers,
@@ -380,17 +376,16 @@ def backend(ev):
             fix="Install a CUDA build of torch that includes NCCL (the Linux wheels from pytorch.org do).")
         return
     if ev.environment.cuda_available and "cuda" not in dev_types and dev_types == {"cpu"}:
-        yield Finding(
-            id=cid, severity=Severity.INFO, title="GPUs present, models on the CPU",
+        yield ctx.finding(
+            severity=Severity.INFO, title="GPUs present, models on the CPU",
             message=f"{d.get('world_size')} ranks train on the CPU with '{d.get('backend')}' while this machine "
                     f"has {ev.environment.device_count} CUDA device(s).",
             evidence=numbers,
             fix="If the GPUs are meant for this job, move each rank's model to its GPU and use nccl.",
             snippet="torch.cuda.set_device(local_rank)\nmodel = DDP(model.cuda(), device_ids=[local_rank])")
         return
-    yield passed(cid, "Collective backend suits the tensors",
-                 f"Backend '{d.get('backend_config') or d.get('backend')}' on {d.get('world_size')} ranks for "
-                 f"{', '.join(sorted(dev_types)) or 'unknown'} tensors.", **numbers)
+    yield ctx.passed(f"Backend '{d.get('backend_config') or d.get('backend')}' on {d.get('world_size')} ranks for "
+                 f"{', '.join(sorted(dev_types)) or 'unknown'} tensors.", **numbers, title="Collective backend suits the tensors")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -408,13 +403,13 @@ def _rank_device(r) -> str | None:
 
 @check(id="distributed.device-placement", title="Ranks share a GPU", severity="error",
        needs=["ranks.distributed.memory.device", "ranks.host"], tags=["distributed"], docs=DDP_TUTORIAL)
-def device_placement(ev):
+def device_placement(ctx):
     """Two ranks on the same host train on the same CUDA device (usually every rank on cuda:0
     because torch.cuda.set_device(local_rank) or device_ids=[local_rank] is missing): they share
     one GPU's memory and compute while the other GPUs idle."""
-    cid, title = "distributed.device-placement", "Ranks share a GPU"
+    ev = ctx.evidence
     if not _multi(ev):
-        yield skipped(cid, title, "Single-process run.")
+        yield ctx.skip("Single-process run.")
         return
     devs = {}
     for r in ev.ranks:
@@ -427,16 +422,15 @@ def device_placement(ev):
             key = uuid or (f"{d} (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else d)
             devs.setdefault((r.host, d, key), []).append(r.rank)
     if not devs:
-        yield skipped(cid, title, "No rank trained on a CUDA device.")
+        yield ctx.skip("No rank trained on a CUDA device.")
         return
     shared = {k: v for k, v in devs.items() if len(v) > 1}
     if not shared:
-        yield passed(cid, "Each rank has its own GPU",
-                     f"{sum(len(v) for v in devs.values())} ranks on {len(devs)} distinct (host, GPU) pairs.")
+        yield ctx.passed(f"{sum(len(v) for v in devs.values())} ranks on {len(devs)} distinct (host, GPU) pairs.", title="Each rank has its own GPU")
         return
     (host, dev, _), ranks = max(shared.items(), key=lambda kv: len(kv[1]))
-    yield Finding(
-        id=cid, severity=Severity.ERROR, title=title,
+    yield ctx.finding(
+        severity=Severity.ERROR,
         message=f"Ranks {', '.join(map(str, sorted(ranks)))} on {host or 'one host'} all train on {dev}.",
         evidence={"host": host, "device": dev, "ranks": ", ".join(map(str, sorted(ranks))),
                   "shared_groups": len(shared)},

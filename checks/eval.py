@@ -1,11 +1,10 @@
 """Evaluation checks."""
 from __future__ import annotations
 
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, Severity
 
 from ._perf import guide, short_file, size
-from ._util import loc, passed, skipped
+from ._util import loc
 
 
 def _graph_record(r, site_key: str) -> dict:
@@ -21,7 +20,7 @@ def _graph_record(r, site_key: str) -> dict:
 @check(id="eval.no-grad", title="Evaluation without no_grad", severity="warning",
        needs=["ranks.forwards", "ranks.models", "ranks.extras.eval_graph"], tags=["eval", "memory"],
        docs=guide("disable-gradient-calculation-for-validation-or-inference"))
-def eval_no_grad(ev):
+def eval_no_grad(ctx):
     """Model forwards in eval mode (`model.eval()`) with grad enabled whose output requires grad:
     each one builds an autograd graph through trainable parameters and keeps its activations
     alive, for nothing. Reports the activation bytes the graph retained per forward (measured by
@@ -29,21 +28,20 @@ def eval_no_grad(ev):
     excluded) and a one-line fix for the calling line. Forwards under `torch.no_grad()`,
     `torch.inference_mode()`, `@torch.no_grad()`, or through frozen modules (output needs no grad)
     are not flagged."""
+    ev = ctx.evidence
     r = ev.primary
     evals = [s for s in r.forwards if not s.training]
     if not r.forwards:
-        yield skipped("eval.no-grad", "Evaluation without no_grad", "No model forward was observed.")
+        yield ctx.skip("No model forward was observed.")
         return
     bad = [s for s in evals if s.grad_enabled and not s.inference_mode and s.output_requires_grad
            and not s.backpropagated]   # trained in eval mode (frozen BatchNorm): not an evaluation
     if not bad:
         if evals:
             n = sum(s.count for s in evals)
-            yield passed("eval.no-grad", "Evaluation runs without building graphs",
-                         f"{n} eval-mode forward(s) ran without building an autograd graph.", forwards=n)
+            yield ctx.passed(f"{n} eval-mode forward(s) ran without building an autograd graph.", forwards=n, title="Evaluation runs without building graphs")
         else:
-            yield passed("eval.no-grad", "No evaluation forwards",
-                         "No eval-mode forward was observed, so none built a graph needlessly.")
+            yield ctx.passed("No eval-mode forward was observed, so none built a graph needlessly.", title="No evaluation forwards")
         return
     for site in sorted(bad, key=lambda s: -s.count):
         model = r.model(site.model)
@@ -71,8 +69,8 @@ def eval_no_grad(ev):
             fix = "Wrap the evaluation loop in torch.inference_mode() (or torch.no_grad())."
             snippet = ("model.eval()\nwith torch.inference_mode():\n    for batch in val_loader:\n"
                        "        out = model(batch)")
-        yield Finding(
-            id="eval.no-grad", severity=Severity.WARNING, title="Evaluation without no_grad",
+        yield ctx.finding(
+            severity=Severity.WARNING,
             message=msg + ".",
             evidence={"forwards": site.count, "module": site.module, "trainable_params": trainable,
                       "graph_bytes_per_forward": mem, "graph_nodes": rec.get("nodes"),

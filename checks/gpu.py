@@ -6,14 +6,10 @@ Findings built on simulated values say "(simulated GPUs)".
 """
 from __future__ import annotations
 
-from diag.findings import Finding, Severity
-from diag.gpu.series import (
-    dev_name, gpu_section, has_devices, label, mean, no_gpu_reason, percentile, run_devices,
-    training_window, window_values,
-)
-from diag.registry import check
+from diag.checks.api import (check, dev_name, gpu_section, has_devices, label, mean, no_gpu_reason,
+    percentile, run_devices, Severity, training_window, window_values)
 
-from ._util import TUNING_GUIDE, gib, loc, passed, pct, skipped
+from ._util import TUNING_GUIDE, gib, loc, pct
 
 # gpu.low-utilization (torch-tb-profiler flags GPU utilisation < 50%; SageMaker Debugger p95 < 70%)
 LOW_UTIL_WARN = 50.0
@@ -68,23 +64,23 @@ def _alive(devs: list[dict]) -> list[dict]:
 
 @check(id="gpu.low-utilization", title="GPUs underused during training", severity="warning",
        needs=["gpu.devices.series", "ranks.steps"], tags=["gpu"], docs=TUNING_GUIDE)
-def gpu_low_utilization(ev):
+def gpu_low_utilization(ctx):
     """Mean GPU utilisation (NVML: share of time a kernel ran) over the training steps, on the
     devices the run used. Warning below 50% (torch-tb-profiler's threshold), error below 25%.
     When the steps measured a data wait of 10% or more, the finding says so and points at the
     DataLoader. Skipped without GPUs, without training steps, or with fewer than 3 samples inside
     the steps (run longer or lower --gpu-interval)."""
-    cid, title = "gpu.low-utilization", "GPUs underused during training"
+    ev = ctx.evidence
     gpu = gpu_section(ev)
     if not has_devices(gpu):
-        yield skipped(cid, title, no_gpu_reason(gpu))
+        yield ctx.skip(no_gpu_reason(gpu))
         return
     lab = label(gpu)
     devs, how = run_devices(gpu)
     if how == "processes" and not devs:
         n = len(gpu.get("devices") or [])
-        yield Finding(
-            id=cid, severity=Severity.WARNING, title="The GPUs were not used",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="The GPUs were not used",
             message=f"None of the run's processes held memory on any of the {n} GPU(s){lab}: "
                     "the script trained on the CPU.",
             evidence={"devices": n, "decided_by": how},
@@ -98,7 +94,7 @@ def gpu_low_utilization(ev):
     devs = [d for d in devs if d.get("series", {}).get("util")]
     window = training_window(ev, gpu)
     if window is None:
-        yield skipped(cid, title, "No timed training step was observed, so utilisation during training "
+        yield ctx.skip("No timed training step was observed, so utilisation during training "
                                   "cannot be judged.")
         return
     interval = gpu.get("interval_s") or 1.0
@@ -113,11 +109,11 @@ def gpu_low_utilization(ev):
                   if na or not devs else
                   f"No GPU sample fell inside the {window[1] - window[0]:.1f} s of training steps "
                   f"(one every {interval:g} s): run longer or lower --gpu-interval.")
-        yield skipped(cid, title, reason)
+        yield ctx.skip(reason)
         return
     n = max(len(v) for v in per.values())
     if n < MIN_SAMPLES:
-        yield skipped(cid, title, f"Only {n} GPU sample(s) fell inside the {window[1] - window[0]:.1f} s of "
+        yield ctx.skip(f"Only {n} GPU sample(s) fell inside the {window[1] - window[0]:.1f} s of "
                                   f"training steps (one every {interval:g} s): too few to judge; run longer "
                                   "(--steps/--max-time) or sample faster (--gpu-interval 0.25).")
         return
@@ -130,9 +126,8 @@ def gpu_low_utilization(ev):
                "window_s": round(window[1] - window[0], 2), "decided_by": how,
                "per_device": {str(i): round(m, 1) for i, m in sorted(means.items())}}
     if overall >= LOW_UTIL_WARN:
-        yield passed(cid, "GPUs busy during training",
-                     f"The GPU(s) used by the run were busy {overall:.0f}% of the time during training "
-                     f"(p5 {p5:.0f}%, p95 {p95:.0f}%, {n} samples){lab}.", **numbers)
+        yield ctx.passed(f"The GPU(s) used by the run were busy {overall:.0f}% of the time during training "
+                     f"(p5 {p5:.0f}%, p95 {p95:.0f}%, {n} samples){lab}.", **numbers, title="GPUs busy during training")
         return
     # why? relate to the measured data wait
     r = ev.primary
@@ -163,7 +158,7 @@ def gpu_low_utilization(ev):
                "avoid host-device synchronisations (.item(), .cpu(), printing tensors) inside the step.")
         snippet = "model = torch.compile(model)\nwith torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
     sev = Severity.ERROR if overall < LOW_UTIL_ERROR else Severity.WARNING
-    yield Finding(id=cid, severity=sev, title=title, message=msg, evidence=numbers,
+    yield ctx.finding(severity=sev, message=msg, evidence=numbers,
                   why="Time the GPU sits idle is paid for and lost: at this utilisation the same run on a "
                       f"fully busy GPU would take about {overall / 100:.0%} of the time.",
                   fix=fix, snippet=snippet)
@@ -174,17 +169,17 @@ def gpu_low_utilization(ev):
 @check(id="gpu.imbalance", title="Work spread unevenly across GPUs", severity="warning",
        needs=["gpu.devices.series", "gpu.devices.used_by_run", "ranks.models"], tags=["gpu", "distributed"],
        docs=DDP_DOCS)
-def gpu_imbalance(ev):
+def gpu_imbalance(ctx):
     """Across the devices the run used (seen through its processes; otherwise the active visible
     ones): utilisation spread and peak-memory skew. A device is lagging when it is >= 25 points and
     below 60% of the busiest device's mean utilisation (warning); idle when below 10% while another
     is >= 50% busy (error). Memory skew (max - min) / max of peak memory: info at >= 20%, warning at
     >= 30% (TraceML's rank-memory thresholds). Names the busy and idle devices and the DataParallel
     GPU-0 pattern when it is the cause. Lost GPUs are left to gpu.lost."""
-    cid, title = "gpu.imbalance", "Work spread unevenly across GPUs"
+    ev = ctx.evidence
     gpu = gpu_section(ev)
     if not has_devices(gpu):
-        yield skipped(cid, title, no_gpu_reason(gpu))
+        yield ctx.skip(no_gpu_reason(gpu))
         return
     lab = label(gpu)
     devs, how = run_devices(gpu)
@@ -196,8 +191,8 @@ def gpu_imbalance(ev):
             idle_others = [d for d in others if ((d.get("stats") or {}).get("util_mean") or 0) < IDLE_UTIL]
             if idle_others:
                 n = len(visible)
-                yield Finding(
-                    id=cid, severity=Severity.INFO, title="The run used one of several GPUs",
+                yield ctx.finding(
+                    severity=Severity.INFO, title="The run used one of several GPUs",
                     message=f"The run used {dev_name(devs[0])} only; {_names(idle_others)} "
                             f"{'was' if len(idle_others) == 1 else 'were'} visible and idle{lab}.",
                     evidence={"used": devs[0]["index"], "idle": [d["index"] for d in idle_others],
@@ -210,7 +205,7 @@ def gpu_imbalance(ev):
                             "model = DDP(model.to(local_rank), device_ids=[local_rank])",
                 )
                 return
-        yield skipped(cid, title, f"The run used {len(devs)} GPU{'s' if len(devs) != 1 else ''}{lab}: "
+        yield ctx.skip(f"The run used {len(devs)} GPU{'s' if len(devs) != 1 else ''}{lab}: "
                                   "nothing to balance.")
         return
     window = training_window(ev, gpu)
@@ -269,8 +264,7 @@ def gpu_imbalance(ev):
         u_txt = (f"utilisation within {numbers['util_spread_points']:.0f} points" if "util_spread_points" in numbers
                  else "utilisation not available")
         m_txt = f", memory skew {skew:.0%}" if skew is not None else ""
-        yield passed(cid, "Work evenly spread across GPUs",
-                     f"The {len(devs)} GPUs used by the run were balanced ({u_txt}{m_txt}){lab}.", **numbers)
+        yield ctx.passed(f"The {len(devs)} GPUs used by the run were balanced ({u_txt}{m_txt}){lab}.", **numbers, title="Work evenly spread across GPUs")
         return
     model, where = _dp_model(ev)
     gpu0_heavy = peak and max(peak, key=peak.get) == min(peak) and skew is not None and skew >= MEM_SKEW_INFO
@@ -294,7 +288,7 @@ def gpu_imbalance(ev):
                "keep per-rank extra work (evaluation, logging, checkpointing) off the training path or spread "
                "it, and check that each process uses its own GPU (torch.cuda.set_device(local_rank)).")
         snippet = "torch.cuda.set_device(local_rank)\nsampler = DistributedSampler(dataset, drop_last=True)"
-    yield Finding(id=cid, severity=sev, title=title, message=msg, evidence=numbers,
+    yield ctx.finding(severity=sev, message=msg, evidence=numbers,
                   why="In synchronous data-parallel training every step waits for the slowest device; in "
                       "DataParallel the others wait for GPU 0. An idle or lagging GPU is capacity paid for "
                       "and not used.",
@@ -305,16 +299,16 @@ def gpu_imbalance(ev):
 
 @check(id="gpu.throttling", title="GPU clocks throttled", severity="warning",
        needs=["gpu.devices.series.throttle", "gpu.devices.stats"], tags=["gpu"], docs=NVML_REASONS_DOCS)
-def gpu_throttling(ev):
+def gpu_throttling(ctx):
     """NVML clock event reasons during the run, on the devices the run used. Thermal or hardware
     slowdown (sw_thermal, hw_thermal, hw_slowdown, hw_power_brake) in >= 10% of the samples:
     warning, with the clock lost and the peak temperature. The software power cap in >= 25% of the
     samples: info (expected under heavy load), a warning when the power limit was lowered below 95%
     of the default. Idle, application-clock and sync-boost reasons are ignored."""
-    cid, title = "gpu.throttling", "GPU clocks throttled"
+    ev = ctx.evidence
     gpu = gpu_section(ev)
     if not has_devices(gpu):
-        yield skipped(cid, title, no_gpu_reason(gpu))
+        yield ctx.skip(no_gpu_reason(gpu))
         return
     lab = label(gpu)
     devs, how = run_devices(gpu)
@@ -322,7 +316,7 @@ def gpu_throttling(ev):
         devs = [d for d in gpu.get("devices") or [] if d.get("visible", True)]
     readable = [d for d in devs if (d.get("stats") or {}).get("throttle_samples")]
     if not readable:
-        yield skipped(cid, title, "The driver reported no clock event (throttle) reasons for these GPUs "
+        yield ctx.skip("The driver reported no clock event (throttle) reasons for these GPUs "
                                   f"(NotSupported or no samples){lab}.")
         return
     thermal, power, recs = [], [], []
@@ -364,8 +358,8 @@ def gpu_throttling(ev):
     capped = [r for r in power if r["power_share"] >= POWER_CAP_SHARE_INFO]
     if not thermal and not lowered and not capped:
         n = max(len((d.get("series") or {}).get("throttle") or []) for d in readable)
-        yield passed(cid, "No GPU throttling", f"No thermal or power throttling on the {len(readable)} GPU(s) "
-                                               f"over {n} samples{lab}.", **numbers)
+        yield ctx.passed(f"No thermal or power throttling on the {len(readable)} GPU(s) "
+                                               f"over {n} samples{lab}.", **numbers, title="No GPU throttling")
         return
     parts = []
     for r in thermal:
@@ -396,7 +390,7 @@ def gpu_throttling(ev):
     if capped and not thermal and not lowered:
         fixes.append("running at the power cap is normal for a GPU under full load; nothing to change unless "
                      "the limit was lowered")
-    yield Finding(id=cid, severity=sev, title=title, message="; ".join(parts) + lab + ".", evidence=numbers,
+    yield ctx.finding(severity=sev, message="; ".join(parts) + lab + ".", evidence=numbers,
                   why="A throttled GPU lowers its clocks, so every kernel runs slower; a synchronous multi-GPU "
                       "job then waits for its hottest GPU.",
                   fix="; ".join(fixes)[:1].upper() + "; ".join(fixes)[1:] + ".",
@@ -413,19 +407,19 @@ def _lowered(r: dict) -> bool:
 
 @check(id="gpu.lost", title="A GPU was lost during the run", severity="error",
        needs=["gpu.devices.lost"], tags=["gpu"], docs=XID_DOCS)
-def gpu_lost(ev):
+def gpu_lost(ctx):
     """A GPU stopped answering NVML during the run ("GPU is lost": fallen off the bus, a fatal Xid
     error). Error, with when it happened and what the driver said."""
-    cid, title = "gpu.lost", "A GPU was lost during the run"
+    ev = ctx.evidence
     gpu = gpu_section(ev)
     if not has_devices(gpu):
-        yield skipped(cid, title, no_gpu_reason(gpu))
+        yield ctx.skip(no_gpu_reason(gpu))
         return
     lab = label(gpu)
     lost = [d for d in gpu.get("devices") or [] if d.get("lost")]
     if not lost:
         n = len(gpu.get("devices") or [])
-        yield passed(cid, "No GPU lost", f"All {n} GPU(s) answered for the whole run{lab}.", devices=n)
+        yield ctx.passed(f"All {n} GPU(s) answered for the whole run{lab}.", devices=n, title="No GPU lost")
         return
     parts = []
     for d in lost:
@@ -433,8 +427,8 @@ def gpu_lost(ev):
         parts.append(f"{dev_name(d)} ({d.get('name') or 'unknown'}) stopped answering "
                      + (f"{at:.1f} s into the run" if at else "from the start"))
     err = next((d.get("error") for d in lost if d.get("error")), None)
-    yield Finding(
-        id=cid, severity=Severity.ERROR, title=title,
+    yield ctx.finding(
+        severity=Severity.ERROR,
         message="; ".join(parts) + lab + (f": {err}." if err else "."),
         evidence={"lost": [d["index"] for d in lost], "lost_at": {str(d["index"]): d.get("lost_at") for d in lost},
                   "error": err},

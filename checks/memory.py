@@ -7,13 +7,10 @@ per-device memory series). Shapes: docs/memory.md.
 """
 from __future__ import annotations
 
-from diag.findings import Finding, Severity
-from diag.memory.breakdown import expandable_segments_enabled, fragmentation
-from diag.memory.oom import parse_oom
-from diag.memory.plan import accumulation_plan, accumulation_snippet
-from diag.registry import check
+from diag.checks.api import (accumulation_plan, accumulation_snippet, check, expandable_segments_enabled,
+    fragmentation, parse_oom, Severity)
 
-from ._util import TUNING_GUIDE, gib, loc, passed, pct, skipped
+from ._util import TUNING_GUIDE, gib, loc, pct
 
 CUDA_MEMORY_DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
 MEMORY_DOCS = "https://pytorch.org/docs/stable/torch_cuda_memory.html"
@@ -86,7 +83,7 @@ def _total_memory(ev, r, device: dict | None = None) -> int | None:
 
 @check(id="memory.oom", title="Out of memory", severity="error",
        needs=["ranks.exceptions", "ranks.memory", "memory_plan"], tags=["memory"], docs=CUDA_MEMORY_DOCS)
-def memory_oom(ev):
+def memory_oom(ctx):
     """The run died of an out-of-memory error. Says when (step), at what batch size, what the
     message said (requested / capacity / free / allocated / reserved but unallocated), where the
     memory went (the last live breakdown on CUDA: parameters, gradients, optimizer state,
@@ -94,9 +91,10 @@ def memory_oom(ev):
     and the micro-batch x accumulation steps that keep the effective batch (from the fake-tensor
     replay diag runs after a CUDA OOM), else a linear estimate from the breakdown;
     `expandable_segments` when reserved-but-unallocated memory could have served the request."""
+    ev = ctx.evidence
     hits = [(r, e) for r in ev.ranks for e in r.exceptions if e.is_oom]
     if not hits:
-        yield passed("memory.oom", "No out-of-memory error", "The run did not run out of memory.")
+        yield ctx.passed("The run did not run out of memory.", title="No out-of-memory error")
         return
     r, exc = hits[0]
     mem = _mem(r)
@@ -216,8 +214,8 @@ def memory_oom(ev):
                          "8-bit optimizer, or sharding it (ZeRO/FSDP), frees most of it")
     fixes.append("use mixed precision (torch.autocast with bfloat16) and activation checkpointing "
                  "(torch.utils.checkpoint) for the largest blocks")
-    yield Finding(
-        id="memory.oom", severity=Severity.ERROR, title="Out of memory",
+    yield ctx.finding(
+        severity=Severity.ERROR,
         message=msg, evidence=evidence,
         why="The step's peak (weights, gradients, optimizer state and the activations of the batch) "
             "exceeded what the device could give.",
@@ -278,12 +276,13 @@ def _nvml_usage(ev) -> dict | None:
 
 @check(id="memory.headroom", title="GPU memory headroom", severity="warning",
        needs=["ranks.memory", "gpu.devices", "memory_plan"], tags=["memory"], docs=MEMORY_DOCS)
-def memory_headroom(ev):
+def memory_headroom(ctx):
     """The step's memory peak is above 90% of the device (tb-profiler's line; TraceML warns at 92%):
     a longer sequence, a bigger batch or a fragmented cache away from an OOM. Judged on the CUDA
     allocator's reserved peak (torch.cuda.max_memory_reserved) and on the NVML memory series of the
     GPUs the run used (which include the CUDA context and other processes), whichever is higher;
     without either, on the fake-tensor estimate for the target device (marked estimated)."""
+    ev = ctx.evidence
     alloc = _allocator_usage(ev)
     nvml = _nvml_usage(ev)
     sources = [s for s in (alloc, nvml) if s]
@@ -300,11 +299,11 @@ def memory_headroom(ev):
         evidence = {"ratio": round(worst["ratio"], 4), "limit": HEADROOM_LIMIT, "source": worst["source"],
                     "allocator": alloc, "nvml": nvml}
         if worst["ratio"] <= HEADROOM_LIMIT:
-            yield passed("memory.headroom", "GPU memory headroom", what[0].upper() + what[1:] + sim +
+            yield ctx.passed(what[0].upper() + what[1:] + sim +
                          f": below the {pct(HEADROOM_LIMIT)} line.", **evidence)
             return
-        yield Finding(
-            id="memory.headroom", severity=Severity.WARNING, title="GPU memory is nearly full",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="GPU memory is nearly full",
             message=what[0].upper() + what[1:] + sim + f", above {pct(HEADROOM_LIMIT)}.",
             evidence=evidence,
             why="With less than 10% free, a longer input, a larger batch or a fragmented cache ends in an OOM; "
@@ -326,20 +325,18 @@ def memory_headroom(ev):
         what = (f"the estimated peak at batch {at['batch']} is {gib(at['device'])} of "
                 f"{gib(est['capacity'])} ({pct(ratio)}, fake-tensor replay with allowances)")
         if ratio <= HEADROOM_LIMIT:
-            yield passed("memory.headroom", "GPU memory headroom (estimated)",
-                         what[0].upper() + what[1:] + f": below the {pct(HEADROOM_LIMIT)} line.", **evidence)
+            yield ctx.passed(what[0].upper() + what[1:] + f": below the {pct(HEADROOM_LIMIT)} line.", **evidence, title="GPU memory headroom (estimated)")
             return
         mb = est.get("max_batch")
-        yield Finding(
-            id="memory.headroom", severity=Severity.WARNING, title="Estimated GPU memory nearly full",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="Estimated GPU memory nearly full",
             message=what[0].upper() + what[1:] + f", above {pct(HEADROOM_LIMIT)}.", evidence=evidence,
             why="Less than 10% free leaves no room for longer inputs or allocator fragmentation.",
             fix=(f"Use batch {mb} or less (the largest that fits with 10% free), or keep the effective batch "
                  "with gradient accumulation." if mb else "Lower the batch or use gradient accumulation."),
         )
         return
-    yield skipped("memory.headroom", "GPU memory headroom",
-                  "No CUDA allocator statistics, no GPU memory samples and no memory estimate for a target "
+    yield ctx.skip("No CUDA allocator statistics, no GPU memory samples and no memory estimate for a target "
                   "device (a CPU run: `diag memory --script ... --gpu NAME` estimates it).")
 
 
@@ -348,12 +345,13 @@ def memory_headroom(ev):
 
 @check(id="memory.fragmentation", title="Allocator fragmentation", severity="warning",
        needs=["ranks.memory", "ranks.exceptions", "environment.env"], tags=["memory"], docs=CUDA_MEMORY_DOCS)
-def memory_fragmentation(ev):
+def memory_fragmentation(ctx):
     """The CUDA caching allocator needed much more than the tensors did: allocation retries (the
     allocator freed its whole cache and tried again: a device synchronisation, and a step from an
     OOM), or a reserved peak at least 25% and 512 MiB above the allocated peak. The fix is
     `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (segments grow in place instead of leaving
     odd-sized holes), unless it is already set. Skipped without allocator statistics (CPU runs)."""
+    ev = ctx.evidence
     worst = None
     for r in ev.ranks:
         steps = _mem(r).get("steps") or []
@@ -376,16 +374,15 @@ def memory_fragmentation(ev):
                 nums = parse_oom(e.message) if e.is_oom else {}
                 if nums.get("reserved_unallocated") and nums.get("requested") and \
                         nums["reserved_unallocated"] >= nums["requested"]:
-                    yield Finding(
-                        id="memory.fragmentation", severity=Severity.WARNING, title="Fragmented GPU memory",
+                    yield ctx.finding(
+                        severity=Severity.WARNING, title="Fragmented GPU memory",
                         message=f"At the OOM {gib(nums['reserved_unallocated'])} was reserved by PyTorch but "
                                 f"unallocated, more than the {gib(nums['requested'])} requested: free memory "
                                 "existed, in pieces too small.",
                         evidence={**nums, "expandable_segments": expandable, "source": "oom message"},
                         fix=_frag_fix(expandable), snippet=_FRAG_SNIPPET, location=loc(e.location))
                     return
-        yield skipped("memory.fragmentation", "Allocator fragmentation",
-                      "No CUDA allocator statistics (the run did not use CUDA).")
+        yield ctx.skip("No CUDA allocator statistics (the run did not use CUDA).")
         return
     fr = worst[1]
     over = fr["overhead"]
@@ -394,8 +391,7 @@ def memory_fragmentation(ev):
                 "limit_bytes": FRAG_MIN_BYTES}
     bad_ratio = frac >= FRAG_OVERHEAD and over >= FRAG_MIN_BYTES
     if fr["retries"] == 0 and not bad_ratio:
-        yield passed("memory.fragmentation", "Allocator fragmentation",
-                     f"The allocator reserved {gib(fr['reserved_peak'])} for a {gib(fr['allocated_peak'])} peak "
+        yield ctx.passed(f"The allocator reserved {gib(fr['reserved_peak'])} for a {gib(fr['allocated_peak'])} peak "
                      f"({pct(frac)} more) with no allocation retries.", **evidence)
         return
     parts = []
@@ -405,8 +401,8 @@ def memory_fragmentation(ev):
     if bad_ratio:
         parts.append(f"it reserved {gib(fr['reserved_peak'])} for a {gib(fr['allocated_peak'])} peak of live "
                      f"tensors ({gib(over)}, {pct(frac)} more)")
-    yield Finding(
-        id="memory.fragmentation", severity=Severity.WARNING if not expandable else Severity.INFO,
+    yield ctx.finding(
+        severity=Severity.WARNING if not expandable else Severity.INFO,
         title="Fragmented GPU memory",
         message=("On rank %d, " % fr["rank"] if ev.multi_rank else "") + "; ".join(parts) + ".",
         evidence=evidence,
@@ -436,26 +432,25 @@ def _frag_fix(expandable: bool) -> str:
 @check(id="memory.eval-batch", title="Evaluation batch size", severity="info",
        needs=["ranks.forwards", "ranks.memory", "memory_plan"], tags=["memory", "eval"],
        docs=TUNING_GUIDE + "#disable-gradient-calculation-for-validation-or-inference")
-def memory_eval_batch(ev):
+def memory_eval_batch(ctx):
     """Evaluation (forwards under no_grad or inference_mode) runs at the training batch size or
     smaller although the fake-tensor estimate says a batch at least 2x larger fits: without a
     backward there are no saved activations and no gradients, so far more samples fit per forward
     (the seed article's "optimal eval batch size", found by bisection on the estimate instead of
     trial OOMs). Needs the estimate (`diag memory`, or `DIAG_MEMORY_ESTIMATE=1` with a CUDA device
     or DIAG_MEMORY_CAPACITY)."""
+    ev = ctx.evidence
     r = ev.primary
     sites = [s for s in r.forwards if not s.training and (not s.grad_enabled or s.inference_mode)
              and s.input_shapes and s.input_shapes[0]]
     if not sites:
-        yield skipped("memory.eval-batch", "Evaluation batch size",
-                      "No evaluation forward under no_grad or inference_mode was observed.")
+        yield ctx.skip("No evaluation forward under no_grad or inference_mode was observed.")
         return
     est = _estimate(ev, r)
     evp = (est or {}).get("eval") or {}
     if not est or evp.get("max_batch") is None:
         reason = _estimate_skip_reason(ev, r)
-        yield skipped("memory.eval-batch", "Evaluation batch size",
-                      f"The memory estimate could not be made ({reason})." if reason else
+        yield ctx.skip(f"The memory estimate could not be made ({reason})." if reason else
                       "The largest evaluation batch was not estimated for a target device: run `diag memory "
                       "--script ... --gpu NAME` (or set DIAG_MEMORY_ESTIMATE=1 on a CUDA run).")
         return
@@ -467,18 +462,16 @@ def memory_eval_batch(ev):
     evidence = {"eval_batch": eval_b, "train_batch": train_b, "max_eval_batch": max_eval,
                 "capacity": est.get("capacity"), "forwards": site.count, "site": site.key}
     if train_b and eval_b > train_b:
-        yield passed("memory.eval-batch", "Evaluation batch size",
-                     f"Evaluation already runs at batch {eval_b}, above the training batch {train_b} "
+        yield ctx.passed(f"Evaluation already runs at batch {eval_b}, above the training batch {train_b} "
                      f"(up to {max_eval} fits).", **evidence)
         return
     if max_eval < EVAL_FACTOR * eval_b:
-        yield passed("memory.eval-batch", "Evaluation batch size",
-                     f"Evaluation runs at batch {eval_b}; the largest that fits is {max_eval}.", **evidence)
+        yield ctx.passed(f"Evaluation runs at batch {eval_b}; the largest that fits is {max_eval}.", **evidence)
         return
     suggest = 1 << (max_eval.bit_length() - 1)
     where = f" at {loc(site.location)}" if site.location else ""
-    yield Finding(
-        id="memory.eval-batch", severity=Severity.INFO, title="Evaluation batch could be much larger",
+    yield ctx.finding(
+        severity=Severity.INFO, title="Evaluation batch could be much larger",
         message=f"Evaluation{where} runs at batch {eval_b}" +
                 (f" (the training batch is {train_b})" if train_b else "") +
                 f", but up to {max_eval:,} fits under inference_mode on {device} "

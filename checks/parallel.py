@@ -2,12 +2,10 @@
 DDP's find_unused_parameters."""
 from __future__ import annotations
 
-from diag.evidence import median
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, median, Severity
 
 from ._perf import guide, short_file, training_sites
-from ._util import loc, ms, passed, pct, skipped
+from ._util import loc, ms, pct
 
 DP_DOCS = ("https://pytorch.org/docs/stable/notes/cuda.html"
            "#use-nn-parallel-distributeddataparallel-instead-of-multiprocessing-or-nn-dataparallel")
@@ -31,20 +29,20 @@ NO_DDP = "No DistributedDataParallel model in this run (single-process training)
 @check(id="parallel.data-parallel", title="nn.DataParallel instead of DDP", severity="warning",
        needs=["ranks.models.wrappers", "ranks.extras.data_parallel", "environment.device_count"],
        tags=["parallel", "gpu"], docs=guide("use-efficient-data-parallel-backend"))
-def parallel_data_parallel(ev):
+def parallel_data_parallel(ctx):
     """A model wrapped in single-process `nn.DataParallel`. Over two or more GPUs (warning) it
     replicates the model and scatters the batch every step from one Python thread per GPU (the GIL),
     and gathers outputs on GPU 0 (which holds more memory than the others); DistributedDataParallel
     runs one process per GPU and overlaps the gradient all-reduce with backward. Over one device or
     none (info) the wrapper only adds a layer. Passes when no model is wrapped."""
-    cid, title = "parallel.data-parallel", "nn.DataParallel instead of DDP"
+    ev = ctx.evidence
     r = ev.primary
     if not r.models:
-        yield skipped(cid, title, "No model forward was observed.")
+        yield ctx.skip("No model forward was observed.")
         return
     dp = [m for m in r.models if "DataParallel" in (m.wrappers or [])]
     if not dp:
-        yield passed(cid, "No nn.DataParallel", "No model is wrapped in nn.DataParallel.")
+        yield ctx.passed("No model is wrapped in nn.DataParallel.", title="No nn.DataParallel")
         return
     m = dp[0]
     info = ((r.extras or {}).get("data_parallel") or {}).get(str(m.id)) or {}
@@ -59,8 +57,8 @@ def parallel_data_parallel(ev):
                "model = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])\n"
                "sampler = DistributedSampler(dataset)  # each rank reads its own shard")
     if n >= 2:
-        yield Finding(
-            id=cid, severity=Severity.WARNING, title=title,
+        yield ctx.finding(
+            severity=Severity.WARNING,
             message=f"{m.cls} is wrapped in nn.DataParallel over {n} GPUs"
                     + (f" ({short_file(site.location)})" if site else "")
                     + ": every step replicates the model, scatters the batch and gathers the outputs on GPU 0 "
@@ -74,8 +72,8 @@ def parallel_data_parallel(ev):
             snippet=snippet, location=loc(site.location) if site else None,
         )
         return
-    yield Finding(
-        id=cid, severity=Severity.INFO, title=title,
+    yield ctx.finding(
+        severity=Severity.INFO,
         message=f"{m.cls} is wrapped in nn.DataParallel over "
                 f"{'no GPU' if n == 0 else 'a single device'}: with fewer than two GPUs it "
                 "runs the module unchanged and only adds a wrapper; when you scale out, use "
@@ -92,33 +90,32 @@ def parallel_data_parallel(ev):
        severity="warning", needs=["ranks.steps.n_backward", "ranks.steps.extra.ddp_sync", "ranks.distributed"],
        tags=["parallel", "distributed"],
        docs=guide("skip-unnecessary-all-reduce-if-training-with-distributeddataparallel-and-gradient-accumulation"))
-def ddp_no_sync_accumulation(ev):
+def ddp_no_sync_accumulation(ctx):
     """Gradient accumulation (several backwards per optimizer step) under DistributedDataParallel
     without `no_sync()` on the first N-1 micro-steps: every micro-step all-reduces the gradients,
     N-1 times more communication than needed. Counted from DDP's require_backward_grad_sync at each
     training forward. The saving is sized with the measured gradient all-reduce wait per micro-step:
     warning with more than one rank or when the avoidable wait is >= 2% of the step; info for a
     single rank below that. Skipped in single-process runs without DDP."""
-    cid, title = "ddp.no-sync-accumulation", "Gradient accumulation all-reduces every micro-step"
+    ev = ctx.evidence
     r = ev.primary
     ddp = _ddp_models(r)
     if not ddp:
-        yield skipped(cid, title, NO_DDP)
+        yield ctx.skip(NO_DDP)
         return
     steps = r.timed_steps() or r.steps
     if not steps:
-        yield skipped(cid, title, "No training step was observed.")
+        yield ctx.skip("No training step was observed.")
         return
     backwards = [s.n_backward for s in steps]
     accum = [s for s in steps if s.n_backward > 1]
     if not accum:
-        yield passed(cid, "One backward per optimizer step",
-                     f"Each optimizer step follows {int(median(backwards))} backward: no accumulation, "
-                     "nothing to skip.", backwards_per_step=median(backwards))
+        yield ctx.passed(f"Each optimizer step follows {int(median(backwards))} backward: no accumulation, "
+                     "nothing to skip.", backwards_per_step=median(backwards), title="One backward per optimizer step")
         return
     recorded = [s for s in accum if isinstance(s.extra, dict) and "ddp_sync" in s.extra]
     if not recorded:
-        yield skipped(cid, title, "Gradient accumulation was seen, but DDP's sync state per forward was not "
+        yield ctx.skip("Gradient accumulation was seen, but DDP's sync state per forward was not "
                                   "recorded (the distributed probe extension did not run).",
                       accumulation_steps=len(accum))
         return
@@ -130,9 +127,8 @@ def ddp_no_sync_accumulation(ev):
                "allreduces_per_step": median(syncs), "no_sync_forwards_per_step": median(nosync),
                "avoidable_allreduces_per_step": median(avoid), "world_size": r.world_size}
     if sum(avoid) == 0:
-        yield passed(cid, "no_sync() used for accumulation",
-                     f"{micro:g} backwards per optimizer step with one gradient all-reduce: the other "
-                     "micro-steps ran under no_sync().", **numbers)
+        yield ctx.passed(f"{micro:g} backwards per optimizer step with one gradient all-reduce: the other "
+                     "micro-steps ran under no_sync().", **numbers, title="no_sync() used for accumulation")
         return
     comm = (r.distributed or {}).get("comm") or {}
     fwd_sync = ((r.distributed or {}).get("ddp") or {}).get("forwards_sync")
@@ -151,8 +147,8 @@ def ddp_no_sync_accumulation(ev):
     if not multi:
         size += "; with one rank the all-reduce is cheap, but with N ranks each one crosses the network"
     site = next((s for s in training_sites(r) if s.model in {m.id for m in ddp} and s.location), None)
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"Each optimizer step accumulates {micro:g} backwards and all-reduces the gradients "
                 f"{median(syncs):g} times: {median(avoid):g} all-reduce(s) per step could be skipped with "
                 f"no_sync(){size}.",
@@ -176,17 +172,17 @@ def ddp_no_sync_accumulation(ev):
        tags=["parallel", "distributed"],
        docs=guide("match-the-order-of-layers-in-constructors-and-during-the-execution-if-using-"
                   "distributeddataparallel-find-unused-parameters-true"))
-def ddp_find_unused_parameters(ev):
+def ddp_find_unused_parameters(ctx):
     """DistributedDataParallel built with `find_unused_parameters=True` while every trainable
     parameter received a gradient in the checked forwards (the autograd graph of the first training
     forwards reached all of them): DDP then walks the graph every iteration for nothing and builds
     buckets in constructor order, which can expose the all-reduce. Passes when some parameter was
     really unused. Skipped without DDP."""
-    cid, title = "ddp.find-unused-parameters", "find_unused_parameters=True with no unused parameter"
+    ev = ctx.evidence
     r = ev.primary
     ddp = _ddp_models(r)
     if not ddp:
-        yield skipped(cid, title, NO_DDP)
+        yield ctx.skip(NO_DDP)
         return
     recs = _ddp_records(r)
     flagged = []
@@ -196,11 +192,11 @@ def ddp_find_unused_parameters(ev):
         flagged.append((m, rec, bool(fup)))
     on = [(m, rec) for m, rec, fup in flagged if fup]
     if not on:
-        yield passed(cid, "find_unused_parameters off", "DDP runs with find_unused_parameters=False.")
+        yield ctx.passed("DDP runs with find_unused_parameters=False.", title="find_unused_parameters off")
         return
     m, rec = on[0]
     if not rec or not rec.get("forwards_checked"):
-        yield skipped(cid, title, "DDP runs with find_unused_parameters=True, but which parameters got a "
+        yield ctx.skip("DDP runs with find_unused_parameters=True, but which parameters got a "
                                   "gradient was not recorded (the distributed probe extension did not run "
                                   "or no training forward was checked).")
         return
@@ -208,14 +204,13 @@ def ddp_find_unused_parameters(ev):
     numbers = {"model": m.cls, "params": rec.get("params"), "unused_params": unused,
                "forwards_checked": rec.get("forwards_checked"), "unused_names": rec.get("unused_names", [])}
     if unused:
-        yield passed(cid, "find_unused_parameters is needed",
-                     f"{unused} parameter(s) of {m.cls} got no gradient in the checked forwards "
+        yield ctx.passed(f"{unused} parameter(s) of {m.cls} got no gradient in the checked forwards "
                      f"(e.g. {', '.join(rec.get('unused_names', [])[:3])}): find_unused_parameters=True is "
-                     "required.", **numbers)
+                     "required.", **numbers, title="find_unused_parameters is needed")
         return
     site = next((s for s in r.forwards if s.model == m.id and s.location), None)
-    yield Finding(
-        id=cid, severity=Severity.WARNING, title=title,
+    yield ctx.finding(
+        severity=Severity.WARNING,
         message=f"DDP wraps {m.cls} with find_unused_parameters=True, but all {rec.get('params')} trainable "
                 f"parameters received a gradient in the {rec.get('forwards_checked')} checked forward(s).",
         evidence=numbers,

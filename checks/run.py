@@ -1,31 +1,31 @@
 """Checks about the run itself: did the script fail, did it train at all."""
 from __future__ import annotations
 
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, Severity
 
-from ._util import loc, passed, skipped
+from ._util import loc
 
 
 @check(id="run.failed", title="The script failed", severity="error", needs=["run", "ranks.exceptions"],
        tags=["run"])
-def run_failed(ev):
+def run_failed(ctx):
     """The script raised an exception (or exited with a non-zero status). The traceback is shown;
     out-of-memory errors are diagnosed by `memory.oom`. Exit code 3 from `diag check`."""
+    ev = ctx.evidence
     run = ev.run
     if run.status == "running":
-        yield skipped("run.failed", "The script failed", "The run is still going.")
+        yield ctx.skip("The run is still going.")
         return
     if run.status not in ("failed", "oom", "killed"):
-        yield passed("run.failed", "The script did not fail", f"The run ended with status '{run.status}'.")
+        yield ctx.passed(f"The run ended with status '{run.status}'.", title="The script did not fail")
         return
     excs = [(r.rank, e) for r in ev.ranks for e in r.exceptions]
     if excs:
         # several ranks: the first to fail is the cause, the others' errors its consequences
         rank, exc = min(excs, key=lambda x: (ev.rank(x[0]).started_at or 0.0) + (x[1].t or 0.0))
         where = f" on rank {rank}" if ev.multi_rank else ""
-        yield Finding(
-            id="run.failed", severity=Severity.ERROR, title="The script failed",
+        yield ctx.finding(
+            severity=Severity.ERROR,
             message=f"The script raised {exc.type}{where} after {exc.step or 0} training step(s): "
                     f"{exc.message.splitlines()[0][:300] if exc.message else exc.type}.",
             evidence={"type": exc.type, "step": exc.step, "rank": rank, "is_oom": exc.is_oom,
@@ -36,8 +36,8 @@ def run_failed(ev):
             location=loc(exc.location),
         )
     else:
-        yield Finding(
-            id="run.failed", severity=Severity.ERROR, title="The script failed",
+        yield ctx.finding(
+            severity=Severity.ERROR,
             message=f"The script ended with status '{run.status}' (exit code {run.exit_code})"
                     + (f": {run.stop_reason}." if run.stop_reason else "."),
             evidence={"status": run.status, "exit_code": run.exit_code, "reason": run.stop_reason},
@@ -47,17 +47,18 @@ def run_failed(ev):
 
 @check(id="run.no-steps", title="No training step observed", severity="error",
        needs=["ranks.steps", "ranks.forwards"], tags=["run"])
-def run_no_steps(ev):
+def run_no_steps(ctx):
     """No training step was observed: no optimizer.step() and no backward() through a model's
     output. Usually the wrong script, a script that exits early, or training code diag cannot see
     (a model that is not a torch.nn.Module)."""
+    ev = ctx.evidence
     total = sum(r.step_stats.count for r in ev.ranks)
     if total == 0 and ev.run.status == "running":
-        yield skipped("run.no-steps", "No training step observed", "The run is still starting: no step yet.")
+        yield ctx.skip("The run is still starting: no step yet.")
         return
     if total > 0:
-        yield passed("run.no-steps", "Training steps observed", f"{total} training step(s) observed.",
-                     steps=total)
+        yield ctx.passed(f"{total} training step(s) observed.",
+                     steps=total, title="Training steps observed")
         return
     if ev.run.status in ("failed", "oom") and any(r.exceptions for r in ev.ranks):
         sev = Severity.WARNING
@@ -66,8 +67,8 @@ def run_no_steps(ev):
         sev = Severity.ERROR
         why = "Without steps, no performance check can judge this run."
     forwards = sum(s.count for r in ev.ranks for s in r.forwards)
-    yield Finding(
-        id="run.no-steps", severity=sev, title="No training step observed",
+    yield ctx.finding(
+        severity=sev,
         message=f"No training step was observed in {ev.run.wall_s or 0:.1f} s "
                 f"({forwards} model forward(s), {sum(r.backward_calls for r in ev.ranks)} backward(s), "
                 f"{sum(o.steps for r in ev.ranks for o in r.optimizers)} optimizer step(s)).",

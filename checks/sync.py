@@ -1,19 +1,19 @@
 """Host-device synchronisation check."""
 from __future__ import annotations
 
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, cuda_training, Severity
 
-from ._perf import cuda_training, guide, short_file
-from ._util import loc, ms, passed, skipped
+from ._perf import guide, short_file
+from ._util import loc, ms
 
 SYNC_WARN_PER_STEP = 1.0    # at least one synchronisation per step on average: warning
 
 
 @check(id="sync.host-device", title="Host-device synchronisations every step", severity="warning",
        needs=["ranks.sync", "ranks.models"], tags=["gpu", "tuning"],
-       docs=guide("avoid-unnecessary-cpu-gpu-synchronization"))
-def sync_host_device(ev):
+       docs=guide("avoid-unnecessary-cpu-gpu-synchronization"),
+       requires=[cuda_training("torch's sync debug mode exists for CUDA only.")])
+def sync_host_device(ctx):
     """Synchronisations between the CPU and the GPU inside the training loop (`.item()`, `.cpu()`,
     `print(cuda_tensor)`, `nonzero()`, blocking copies, Python `if` on a CUDA value), counted per
     step with `torch.cuda.set_sync_debug_mode("warn")` over a window of 20 steps after the first, and
@@ -21,20 +21,16 @@ def sync_host_device(ev):
     >= 1 per step on average, info when some happen less often. Skipped without CUDA.
     Not seen by the debug mode: non_blocking copies from pageable memory (see dataloader.pin-memory)
     and collectives."""
-    cid, title = "sync.host-device", "Host-device synchronisations every step"
+    ev = ctx.evidence
     r = ev.primary
-    models, skip = cuda_training(r, cid, title, "torch's sync debug mode exists for CUDA only.")
-    if skip:
-        yield skip
-        return
     s = r.sync or {}
     state = s.get("state")
     if not s or not str(state or "").startswith(("sampled", "sampling")):
-        yield skipped(cid, title, f"Synchronisations were not sampled ({state or 'no record'}).")
+        yield ctx.skip(f"Synchronisations were not sampled ({state or 'no record'}).")
         return
     n = int(s.get("steps", 0) or 0)
     if n == 0:
-        yield skipped(cid, title, "The sampling window closed before a full step was counted.")
+        yield ctx.skip("The sampling window closed before a full step was counted.")
         return
     total = int(s.get("total", 0) or 0)
     per_step = total / n
@@ -47,15 +43,15 @@ def sync_host_device(ev):
                           "count": x.get("count"), "per_step": round(x.get("count", 0) / n, 3)} for x in sites[:5]],
                "step_s": round(ph["total_s"], 6) if ph else None}
     if total == 0:
-        yield passed(cid, "No synchronisations", f"No host-device synchronisation in {n} sampled steps.", **numbers)
+        yield ctx.passed(f"No host-device synchronisation in {n} sampled steps.", **numbers, title="No synchronisations")
         return
     sev = Severity.WARNING if per_step >= SYNC_WARN_PER_STEP else Severity.INFO
     top = sites[0] if sites else None
     where = "; ".join(f"{short_file(x)} `{x.get('code') or x.get('function')}` x{x.get('count', 0) / n:.1f}/step"
                       for x in sites[:3])
     step_txt = f" ({ms(ph['total_s'])} step)" if ph else ""
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"{per_step:.1f} host-device synchronisation(s) per step over {n} sampled steps{step_txt}"
                 + (f": {where}" if where else "") + ".",
         evidence=numbers,

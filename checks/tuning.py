@@ -2,12 +2,11 @@
 auto-tuner, zeroing gradients, optimizer implementations, debugging APIs left on, torch.compile."""
 from __future__ import annotations
 
-from diag.findings import Finding, Severity
-from diag.registry import check
+from diag.checks.api import check, cuda_training, Severity
 
-from ._perf import (cuda_training, PERF_MISSING, amdahl, guide, perf_ran, phase_medians, short_file, size,
+from ._perf import (PERF_MISSING, amdahl, guide, perf_ran, phase_medians, short_file, size,
                     training_models, training_sites)
-from ._util import loc, ms, passed, pct, skipped
+from ._util import loc, ms, pct
 
 OPTIM_DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
 COMPILE_DOCS = "https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html"
@@ -25,29 +24,27 @@ DATA_BOUND_SHARE = 0.30
 
 @check(id="cudnn.benchmark", title="cuDNN auto-tuner off for a convolutional model", severity="warning",
        needs=["environment.cudnn_benchmark", "ranks.models.module_types", "ranks.extras.input_shapes"],
-       tags=["gpu", "tuning"], docs=guide("enable-cudnn-auto-tuner"))
-def cudnn_benchmark(ev):
+       tags=["gpu", "tuning"], docs=guide("enable-cudnn-auto-tuner"),
+       requires=[cuda_training("cudnn.benchmark only affects cuDNN convolutions on CUDA.")])
+def cudnn_benchmark(ctx):
     """A convolutional model trained on CUDA with fixed input shapes (at most 4 distinct shapes
     seen) while `torch.backends.cudnn.benchmark` is False: cuDNN uses heuristics instead of timing
     the convolution algorithms once per shape. Warning when forward+backward take >= 30% of the
     step, info below. Passes with varying shapes (the auto-tuner would re-run per shape).
     Skipped without CUDA."""
-    cid, title = "cudnn.benchmark", "cuDNN auto-tuner off for a convolutional model"
+    ev = ctx.evidence
     r = ev.primary
-    models, skip = cuda_training(r, cid, title, "cudnn.benchmark only affects cuDNN convolutions on CUDA.")
-    if skip:
-        yield skip
-        return
+    models = ctx.models
     convs = [(m, sum(v for k, v in (m.module_types or {}).items() if "Conv" in k)) for m in models]
     convs = [(m, n) for m, n in convs if n]
     if not convs:
-        yield passed(cid, "No convolutions", "The model has no convolution layers: cudnn.benchmark would not help.")
+        yield ctx.passed("The model has no convolution layers: cudnn.benchmark would not help.", title="No convolutions")
         return
     if ev.environment.cudnn_benchmark:
-        yield passed(cid, "cuDNN auto-tuner on", "torch.backends.cudnn.benchmark is True.")
+        yield ctx.passed("torch.backends.cudnn.benchmark is True.", title="cuDNN auto-tuner on")
         return
     if ev.environment.cudnn_benchmark is None:
-        yield skipped(cid, title, "The cudnn.benchmark flag was not recorded.")
+        yield ctx.skip("The cudnn.benchmark flag was not recorded.")
         return
     m, nconv = convs[0]
     shapes = ((r.extras or {}).get("input_shapes") or {}).get(str(m.id))
@@ -55,9 +52,8 @@ def cudnn_benchmark(ev):
     numbers = {"model": m.cls, "conv_layers": nconv, "distinct_input_shapes": distinct,
                "shapes": (shapes or {}).get("shapes"), "cudnn_deterministic": ev.environment.cudnn_deterministic}
     if distinct is not None and distinct > MAX_FIXED_SHAPES:
-        yield passed(cid, "Input shapes vary",
-                     f"{distinct} distinct input shapes were seen: the auto-tuner would benchmark each one "
-                     "again, so leaving it off is reasonable.", **numbers)
+        yield ctx.passed(f"{distinct} distinct input shapes were seen: the auto-tuner would benchmark each one "
+                     "again, so leaving it off is reasonable.", **numbers, title="Input shapes vary")
         return
     ph = phase_medians(r)
     share = ph["compute_share"] if ph else None
@@ -66,8 +62,8 @@ def cudnn_benchmark(ev):
     shape_txt = (f"{distinct} input shape(s) {numbers['shapes']}" if distinct is not None
                  else "input shapes not recorded")
     site = next((s for s in training_sites(r) if s.model == m.id and s.location), None)
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"{m.cls} has {nconv} convolution layer(s) and trains on CUDA with {shape_txt}, but "
                 "torch.backends.cudnn.benchmark is False"
                 + (f"; forward+backward take {pct(share)} of the step" if share is not None else "") + ".",
@@ -86,25 +82,25 @@ def cudnn_benchmark(ev):
        needs=["ranks.optimizers.zero_grad_set_to_none", "ranks.optimizers.zero_grad_s",
               "ranks.extras.module_zero_grad", "ranks.steps"], tags=["optimizer", "tuning"],
        docs=guide("use-parameter-grad-none-instead-of-model-zero-grad-or-optimizer-zero-grad"))
-def optim_zero_grad(ev):
+def optim_zero_grad(ctx):
     """`optimizer.zero_grad(set_to_none=False)` or `model.zero_grad(set_to_none=False)`: every step
     writes zeros into every gradient, the next backward adds into them instead of assigning, and the
     gradient memory stays allocated between steps. Sized by the measured time inside zero_grad per
     call as a share of the step: warning at >= 2%, info below. Skipped when no zero_grad() call was
     seen (gradients cleared by `param.grad = None` are fine)."""
-    cid, title = "optim.zero-grad", "Gradients zeroed instead of set to None"
+    ev = ctx.evidence
     r = ev.primary
     mz = (r.extras or {}).get("module_zero_grad") or {}
     calls = sum(o.zero_grad_calls for o in r.optimizers) + int(mz.get("calls", 0) or 0)
     if calls == 0:
-        yield skipped(cid, title, "No optimizer.zero_grad() or model.zero_grad() call was observed "
+        yield ctx.skip("No optimizer.zero_grad() or model.zero_grad() call was observed "
                                   "(param.grad = None is already the recommended way).")
         return
     bad_opts = [o for o in r.optimizers if o.zero_grad_calls and o.zero_grad_set_to_none is False]
     bad_mod = int(mz.get("set_to_none_false", 0) or 0)
     if not bad_opts and not bad_mod:
-        yield passed(cid, "Gradients set to None", f"{calls} zero_grad() call(s), all with set_to_none=True.",
-                     calls=calls)
+        yield ctx.passed(f"{calls} zero_grad() call(s), all with set_to_none=True.",
+                     calls=calls, title="Gradients set to None")
         return
     zs = sum(o.zero_grad_s for o in bad_opts) + (float(mz.get("s", 0.0) or 0.0) if bad_mod else 0.0)
     zc = sum(o.zero_grad_calls for o in bad_opts) + (int(mz.get("calls", 0) or 0) if bad_mod else 0)
@@ -125,8 +121,8 @@ def optim_zero_grad(ev):
     cost = (f"; zeroing takes {ms(per_call)} per call ({pct(share)} of the {ms(step_s)} step)"
             if share is not None else "")
     mem = f" and keeps {size(grad_bytes)} of gradients allocated between steps" if grad_bytes else ""
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"{who} writes zeros into every gradient each step{cost}{mem}.",
         evidence=numbers,
         why="Setting .grad to None skips the memset, lets backward assign instead of accumulate (fewer "
@@ -140,25 +136,25 @@ def optim_zero_grad(ev):
 @check(id="optim.foreach-fused", title="Optimizer without foreach/fused kernels", severity="warning",
        needs=["ranks.optimizers", "ranks.extras.optimizers", "ranks.steps.optimizer_s"],
        tags=["optimizer", "gpu", "tuning"], docs=OPTIM_DOCS)
-def optim_foreach_fused(ev):
+def optim_foreach_fused(ctx):
     """An optimizer over CUDA parameters running the per-parameter for-loop implementation
     (foreach=False, or a class without foreach) where foreach (multi-tensor) or fused kernels
     exist. Sized by the measured optimizer.step() share of the step: warning at >= 5%, info below;
     an info hint to try fused=True when a foreach optimizer takes >= 10%. Skipped for CPU parameters."""
-    cid, title = "optim.foreach-fused", "Optimizer without foreach/fused kernels"
+    ev = ctx.evidence
     r = ev.primary
     if not r.optimizers:
-        yield skipped(cid, title, "No torch.optim optimizer step was observed.")
+        yield ctx.skip("No torch.optim optimizer step was observed.")
         return
     info = (r.extras or {}).get("optimizers") or {}
     if not info:
-        yield skipped(cid, title, f"Optimizer implementations were not recorded: {PERF_MISSING}.")
+        yield ctx.skip(f"Optimizer implementations were not recorded: {PERF_MISSING}.")
         return
     recs = [(o, info.get(str(o.id))) for o in r.optimizers if info.get(str(o.id))]
     cuda = [(o, i) for o, i in recs if i.get("device") == "cuda"]
     if not cuda:
         devs = sorted({i.get("device") or "?" for _, i in recs}) or ["?"]
-        yield skipped(cid, title, f"The optimizer's parameters are on {', '.join(devs)}: this check is "
+        yield ctx.skip(f"The optimizer's parameters are on {', '.join(devs)}: this check is "
                                   "about CUDA optimizer kernels.", devices=devs)
         return
     ph = r.median_step()
@@ -170,28 +166,28 @@ def optim_foreach_fused(ev):
                "params": i.get("params"), "optimizer_share": round(share, 4) if share is not None else None,
                "optimizer_s": round(ph["optimizer_s"], 6) if ph else None}
     if i.get("effective_fused"):
-        yield passed(cid, "Fused optimizer", f"{o.cls} runs with fused=True.", **numbers)
+        yield ctx.passed(f"{o.cls} runs with fused=True.", **numbers, title="Fused optimizer")
         return
     if i.get("effective_foreach"):
         if i.get("supports_fused") and share is not None and share >= FUSED_HINT_SHARE:
-            yield Finding(
-                id=cid, severity=Severity.INFO, title="Optimizer could use fused kernels",
+            yield ctx.finding(
+                severity=Severity.INFO, title="Optimizer could use fused kernels",
                 message=f"{o.cls} uses the foreach implementation and its step takes {pct(share)} of the step "
                         f"time; fused=True runs the whole update in one kernel per parameter group.",
                 evidence=numbers, fix=f"Construct {o.cls} with fused=True.",
                 snippet=f"opt = torch.optim.{o.cls}(model.parameters(), lr=..., fused=True)")
             return
-        yield passed(cid, "Multi-tensor optimizer", f"{o.cls} uses the foreach (multi-tensor) implementation.",
-                     **numbers)
+        yield ctx.passed(f"{o.cls} uses the foreach (multi-tensor) implementation.",
+                     **numbers, title="Multi-tensor optimizer")
         return
     if not i.get("supports_foreach") and not i.get("supports_fused"):
-        yield passed(cid, "No faster implementation", f"{o.cls} has no foreach or fused implementation.",
-                     **numbers)
+        yield ctx.passed(f"{o.cls} has no foreach or fused implementation.",
+                     **numbers, title="No faster implementation")
         return
     sev = Severity.WARNING if share is None or share >= OPTIM_WARN_SHARE else Severity.INFO
     better = "fused=True" if i.get("supports_fused") else "foreach=True"
-    yield Finding(
-        id=cid, severity=sev, title=title,
+    yield ctx.finding(
+        severity=sev,
         message=f"{o.cls} updates its {i.get('params')} CUDA parameters one by one (for-loop implementation, "
                 f"foreach={i.get('foreach')})"
                 + (f"; optimizer.step() takes {pct(share)} of the step" if share is not None else "") + ".",
@@ -206,12 +202,12 @@ def optim_foreach_fused(ev):
 @check(id="debug.anomaly-detection", title="Debugging tools left on", severity="warning",
        needs=["ranks.extras.debug", "environment.anomaly_detection"], tags=["debug", "tuning"],
        docs=guide("disable-debugging-apis"))
-def debug_anomaly_detection(ev):
+def debug_anomaly_detection(ctx):
     """Autograd anomaly detection (`torch.autograd.set_detect_anomaly(True)` / `detect_anomaly()`)
     on during training steps (warning: it records a traceback for every forward op and checks every
     backward for NaN), or a profiler (torch.profiler / torch.autograd.profiler) on for >= 20% of the
     steps (warning; a shorter profiling window is info). Counted per step."""
-    cid, title = "debug.anomaly-detection", "Debugging tools left on"
+    ev = ctx.evidence
     r = ev.primary
     dbg = (r.extras or {}).get("debug") or {}
     steps = int(dbg.get("steps", 0) or 0)
@@ -220,18 +216,18 @@ def debug_anomaly_detection(ev):
     env_anomaly = bool(ev.environment.anomaly_detection)
     if not dbg and not env_anomaly:
         if ev.environment.anomaly_detection is None:
-            yield skipped(cid, title, f"Debug state was not recorded: {PERF_MISSING}.")
+            yield ctx.skip(f"Debug state was not recorded: {PERF_MISSING}.")
             return
         if not perf_ran(r):
-            yield skipped(cid, title, f"Anomaly detection was off at the samples taken, but per-step state "
+            yield ctx.skip(f"Anomaly detection was off at the samples taken, but per-step state "
                                       f"and profilers were not recorded: {PERF_MISSING}.")
             return
     found = False
     if anomaly_steps or env_anomaly:
         found = True
         where = dbg.get("anomaly_location")
-        yield Finding(
-            id=cid, severity=Severity.WARNING, title="Autograd anomaly detection left on",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="Autograd anomaly detection left on",
             message=(f"Autograd anomaly detection was on for {anomaly_steps} of {steps} training steps"
                      if steps else "Autograd anomaly detection was on during the run")
                     + (f" (switched on at {short_file(where)})" if where else "")
@@ -248,8 +244,8 @@ def debug_anomaly_detection(ev):
         share = prof_steps / steps if steps else 1.0
         where = dbg.get("profiler_location")
         sev = Severity.WARNING if share >= PROFILER_WARN_SHARE else Severity.INFO
-        yield Finding(
-            id=cid, severity=sev, title="Profiler on during training",
+        yield ctx.finding(
+            severity=sev, title="Profiler on during training",
             message=f"A profiler was recording during {prof_steps} of {steps} training steps ({pct(share)})"
                     + (f" (created at {short_file(where)})" if where else "") + ".",
             evidence={"profiler_steps": prof_steps, "steps": steps, "share": round(share, 4)},
@@ -262,31 +258,30 @@ def debug_anomaly_detection(ev):
             location=loc(where),
         )
     if not found:
-        yield passed(cid, "No debugging tools on", f"Anomaly detection and profilers were off over {steps} step(s).",
-                     steps=steps)
+        yield ctx.passed(f"Anomaly detection and profilers were off over {steps} step(s).",
+                     steps=steps, title="No debugging tools on")
 
 
 @check(id="compile.unused", title="torch.compile not used", severity="info",
        needs=["ranks.models.wrappers", "ranks.extras.compile", "ranks.steps"], tags=["tuning", "compile"],
        docs=COMPILE_DOCS)
-def compile_unused(ev):
+def compile_unused(ctx):
     """An info suggestion: the model is not compiled. States the condition under which torch.compile
     pays off: forward+backward dominate the step (not the data pipeline: >= 30% data wait says fix
     that first), and the run is long enough to repay a one-off compilation (assumed 60 s; break-even
     steps = 60 s / (step x forward+backward share x (1 - 1/1.43)), 1.43x being the mean training
     speed-up PyTorch 2.0 measured on A100 over 163 models)."""
-    cid, title = "compile.unused", "torch.compile not used"
+    ev = ctx.evidence
     r = ev.primary
     comp = (r.extras or {}).get("compile") or {}
     compiled = [m for m in r.models if "compiled" in (m.wrappers or [])]
     if compiled or comp.get("calls") or comp.get("models"):
-        yield passed(cid, "torch.compile in use",
-                     f"torch.compile was called {comp.get('calls', 0)} time(s); {len(compiled) or len(comp.get('models', []))} "
-                     "compiled model(s) seen.", calls=comp.get("calls", 0))
+        yield ctx.passed(f"torch.compile was called {comp.get('calls', 0)} time(s); {len(compiled) or len(comp.get('models', []))} "
+                     "compiled model(s) seen.", calls=comp.get("calls", 0), title="torch.compile in use")
         return
     ph = phase_medians(r)
     if not ph:
-        yield skipped(cid, title, "No training step was observed.")
+        yield ctx.skip("No training step was observed.")
         return
     share = ph["compute_share"]
     data_share = ph["data_s"] / ph["total_s"]
@@ -303,8 +298,8 @@ def compile_unused(ev):
         cond = (f"forward+backward take {pct(share)} of the {ms(ph['total_s'])} step; at the 1.43x mean speed-up "
                 f"that saves about {ms(gain_s)} per step, repaying ~{COMPILE_COST_S:.0f} s of compilation after "
                 f"~{breakeven:,} steps" if breakeven else "the step has no forward/backward time to speed up")
-    yield Finding(
-        id=cid, severity=Severity.INFO, title=title,
+    yield ctx.finding(
+        severity=Severity.INFO,
         message=f"The model is not compiled. torch.compile pays off when forward+backward dominate the step "
                 f"and the run is long enough to repay compilation: here, {cond}.",
         evidence=numbers,

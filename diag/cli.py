@@ -16,6 +16,7 @@ from diag.errors import DiagError, ExitCode
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("diag.commands.check", "run a training script under the probe and report findings (CI-friendly)"),
     "tui": ("diag.commands.tui", "the terminal app: findings live as a script runs, GPU panes, cost calculator"),
+    "attach": ("diag.commands.attach", "diagnose a training job that is already running (PID), without restarting it"),
     "memory": ("diag.commands.memory", "what fits: peak memory by category, largest batch, gradient accumulation (no GPU needed)"),
     "cost": ("diag.commands.cost", "FLOPs, GPU-hours, days and money for training and evaluation (formula or measured run)"),
     "gpus": ("diag.commands.gpus", "the GPUs now, per device and per process, plus host CPU/RAM (--json, --watch)"),
@@ -32,6 +33,7 @@ examples:
   diag tui --script train.py                         the same, live, in a terminal app
   diag memory --script train.py --gpu a100-80gb      what batch fits, without the GPU
   diag cost --params 7B --tokens 140B --gpu h100 --count 8
+  diag attach 12345                                  a job already running: where its time goes, is it stuck
   diag gpus                                          the GPUs now (--simulate-gpus healthy-8 without one)
   diag checks                                        the catalogue of checks
   diag COMMAND --help                                every option of a command, with examples

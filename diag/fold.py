@@ -1,23 +1,9 @@
 """Fold probe events into Evidence. Pure Python, no torch: runs in diag's own process.
 
-Event kinds (each carries ``t`` seconds since the probe started, and ``rank``):
-
-``start``          pid, host, local_rank, world_size, started_at
-``env``            Environment fields (replaces environment; emitted at start, after step 2, at exit)
-``model``          ModelInfo fields (first top-level forward of a module)
-``forward_site``   ForwardSite fields (new combination of model, call site and mode)
-``forward_counts`` {counts: {site_key: total}} (at the end of a run; during it they ride on ``step``)
-``step``           StepRecord fields (+ ``forward_counts``: {site_key: total} for sites called since the last step)
-``dataloader``     DataLoaderInfo fields (cumulative; replaces the earlier record with that id)
-``optimizer``      OptimizerInfo fields (cumulative)
-``exception``      ExceptionInfo fields
-``end``            status, exit_code, reason, steps
-``probe_error``    where, error, traceback (a probe hook failed; the run went on)
-``set``            {path: "memory.estimate", value: ...}: set a key in a rank section
-``append``         {path: "memory.samples", value: ..., limit: N}: append to a list in a rank section
-``merge``          {path: "memory", value: {...}}: update a dict in a rank section
-
-Sections addressable by ``set``/``append``/``merge``: memory, flops, amp, sync, distributed, extras.
+The event kinds and their fields are listed in :mod:`diag.evidence.events` (shared with the probe).
+``set``/``append``/``merge`` address a typed rank section (memory, flops, amp, sync, distributed,
+extras) by a dotted path; a value that reaches a typed key is checked against its type, and a value
+of the wrong type is recorded as a probe error instead of entering the evidence.
 """
 from __future__ import annotations
 
@@ -25,9 +11,11 @@ from typing import Any
 
 from diag.evidence import (MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, DataLoaderInfo,
                            Environment, Evidence, ExceptionInfo, ForwardSite, ModelInfo, OptimizerInfo,
-                           RankEvidence, StepRecord, _from_dict)
+                           RankEvidence, SchemaError, Section, StepRecord, _from_dict, build)
+from diag.evidence import events as E
+from diag.evidence._schema import resolve_hints
 
-SECTIONS = ("memory", "flops", "amp", "sync", "distributed", "extras")
+SECTIONS = E.SECTIONS
 
 
 def _replace_by_id(items: list, obj, attr: str = "id") -> None:
@@ -40,14 +28,33 @@ def _replace_by_id(items: list, obj, attr: str = "id") -> None:
 
 
 def fold(ev: Evidence, event: dict[str, Any]) -> None:
-    """Apply one event to the evidence (in place). Unknown kinds are kept under extras."""
+    """Apply one event to the evidence (in place). Unknown kinds are kept under extras; an event whose
+    fields have the wrong types is recorded in ``extras.probe_errors`` (the run goes on)."""
+    try:
+        _fold(ev, event)
+    except (SchemaError, TypeError, ValueError, AttributeError) as e:
+        r = ev.rank(_rank_of(event))
+        errs = r.extras.setdefault("probe_errors", [])
+        if len(errs) < 50:
+            errs.append({"where": f"fold {event.get('kind')!s:.40}", "error": f"{type(e).__name__}: {e}"[:500],
+                         "traceback": None})
+
+
+def _rank_of(event: dict) -> int:
+    try:
+        return int(event.get("rank", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _fold(ev: Evidence, event: dict[str, Any]) -> None:
     kind = event.get("kind")
-    rank_no = int(event.get("rank", 0) or 0)
+    rank_no = _rank_of(event)
     r = ev.rank(rank_no)
     data = {k: v for k, v in event.items() if k not in ("kind", "rank")}
     t = data.pop("t", None)
 
-    if kind == "step":
+    if kind == E.STEP:
         counts = data.pop("forward_counts", None)
         if counts:
             _apply_counts(r, counts)
@@ -69,43 +76,43 @@ def fold(ev: Evidence, event: dict[str, Any]) -> None:
         st.samples += step.samples or 0
         st.tokens += step.tokens or 0
         r.backward_calls += step.n_backward
-    elif kind == "forward_counts":
+    elif kind == E.FORWARD_COUNTS:
         _apply_counts(r, data.get("counts", {}))
-    elif kind == "forward_site":
+    elif kind == E.FORWARD_SITE:
         site = _from_dict(ForwardSite, data)
         _replace_by_id(r.forwards, site, "key")
-    elif kind == "model":
+    elif kind == E.MODEL:
         _replace_by_id(r.models, _from_dict(ModelInfo, data))
-    elif kind == "dataloader":
+    elif kind == E.DATALOADER:
         _replace_by_id(r.dataloaders, _from_dict(DataLoaderInfo, data))
-    elif kind == "optimizer":
+    elif kind == E.OPTIMIZER:
         _replace_by_id(r.optimizers, _from_dict(OptimizerInfo, data))
-    elif kind == "exception":
+    elif kind == E.EXCEPTION:
         exc = _from_dict(ExceptionInfo, data)
         exc.t = t
         r.exceptions.append(exc)
         if len(r.exceptions) > MAX_EXCEPTIONS_KEPT:
             del r.exceptions[0]
-    elif kind == "env":
+    elif kind == E.ENV:
         env = _from_dict(Environment, data)
         if rank_no == 0 or not ev.environment.torch:
             ev.environment = env
         r.host = env.hostname or r.host
-    elif kind == "start":
+    elif kind == E.START:
         r.pid = data.get("pid")
         r.host = data.get("host") or r.host
         r.local_rank = int(data.get("local_rank", 0) or 0)
         r.world_size = int(data.get("world_size", 1) or 1)
         r.started_at = data.get("started_at")
         r.status = "running"
-    elif kind == "end":
+    elif kind == E.END:
         r.status = data.get("status") or "completed"
         r.exit_code = data.get("exit_code")
         if data.get("reason"):
             r.extras["end_reason"] = data["reason"]
-    elif kind in ("set", "append", "merge"):
+    elif kind in E.SECTION_EVENTS:
         _apply_section(r, kind, data)
-    elif kind == "probe_error":
+    elif kind == E.PROBE_ERROR:
         errs = r.extras.setdefault("probe_errors", [])
         if len(errs) < 50:
             errs.append({"where": data.get("where"), "error": data.get("error"),
@@ -123,29 +130,52 @@ def _apply_counts(r: RankEvidence, counts: dict) -> None:
             site.count = counts[site.key]
 
 
+def _typed(container: Any, key: str, value: Any, path: str) -> Any:
+    """``value`` checked (and built) against the declared type of ``key`` in a typed section."""
+    if isinstance(container, Section):
+        hints = resolve_hints(type(container))
+        if key in hints:
+            return build(hints[key], value, path)
+    return value
+
+
+def _child(container: dict, key: str, path: str) -> dict:
+    """The object at ``key`` (created empty, typed when the section declares it)."""
+    cur = container.get(key)
+    if isinstance(cur, dict):
+        return cur
+    new = _typed(container, key, {}, path)
+    container[key] = new if isinstance(new, dict) else {}
+    return container[key]
+
+
 def _apply_section(r: RankEvidence, kind: str, data: dict) -> None:
     path = str(data.get("path", ""))
     parts = path.split(".")
     if not parts or parts[0] not in SECTIONS:
         return
     target: Any = getattr(r, parts[0])
-    for p in parts[1:-1]:
-        target = target.setdefault(p, {})
+    for depth, p in enumerate(parts[1:-1], start=2):
+        target = _child(target, p, ".".join(parts[:depth]))
     value = data.get("value")
     if len(parts) == 1:
-        if kind == "merge" and isinstance(value, dict):
-            target.update(value)
+        if kind == E.MERGE and isinstance(value, dict):
+            for k, v in value.items():
+                target[k] = _typed(target, k, v, f"{path}.{k}")
         return
     last = parts[-1]
-    if kind == "set":
-        target[last] = value
-    elif kind == "append":
-        lst = target.setdefault(last, [])
+    if kind == E.SET:
+        target[last] = _typed(target, last, value, path)
+    elif kind == E.APPEND:
+        lst = target.get(last)
+        if not isinstance(lst, list):
+            lst = target[last] = []
         lst.append(value)
         limit = int(data.get("limit") or MAX_LIST_SECTION)
         if len(lst) > limit:
             del lst[: len(lst) - limit]
-    elif kind == "merge":
-        d = target.setdefault(last, {})
+    elif kind == E.MERGE:
+        d = _child(target, last, path)
         if isinstance(value, dict):
-            d.update(value)
+            for k, v in value.items():
+                d[k] = _typed(d, k, v, f"{path}.{k}")

@@ -1,79 +1,82 @@
 """The check registry: finds checks through the ``diag.checks`` entry-point group and runs them.
 
-A check is a pure function ``(Evidence) -> Iterable[Finding]`` declared with :func:`check`::
+Checks are written against the public API, :mod:`diag.checks.api` (``@check``, a context object,
+preconditions, formatters); docs/plugins.md is the guide. Functions decorated with this module's
+legacy :func:`check` (a function of the Evidence that builds its own findings) still run.
 
-    from diag.registry import check
-    from diag.findings import Finding, Severity
+An entry point may name a module (every decorated check in it is taken) or one check. Built-in checks
+are registered the same way, in diag's own pyproject.toml; third-party entry points are listed from
+their metadata (``diag checks``) and imported only to run.
 
-    @check(id="myorg.big-batch", title="Batch larger than 4096", severity="warning",
-           needs=["steps"], tags=["data"])
-    def big_batch(ev):
-        ...
-        yield Finding(id="myorg.big-batch", severity=Severity.WARNING, title=..., message=...)
-
-An entry point may name a module (every decorated function in it is taken) or one function.
-Built-in checks are registered the same way, in diag's own pyproject.toml.
-A check that raises becomes a ``crashed`` finding; it never takes diag down.
+Nothing a check or a plugin does takes diag down: an exception of any kind (``SystemExit`` and
+``KeyboardInterrupt`` included) while importing or running becomes a ``crashed`` finding with the
+reason, a check that runs past its time limit (``DIAG_CHECK_TIMEOUT`` seconds, default 5) is reported
+``crashed`` and left behind, and a check id declared twice is reported naming both packages.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+import threading
 import traceback
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from diag.checks.api import Check, Context
 from diag.errors import DiagError
 from diag.findings import Finding, Severity
 
 ENTRY_POINT_GROUP = "diag.checks"
+DEFAULT_TIMEOUT_S = 5.0
+TIMEOUT_ENV = "DIAG_CHECK_TIMEOUT"
+
+CheckSpec = Check   # the name before the public API; kept for older plugins and tests
 
 
-@dataclass
-class CheckSpec:
-    id: str
-    title: str
-    func: Callable
-    severity: str = "warning"          # the default severity when it triggers
-    needs: list[str] = field(default_factory=list)   # what it reads from Evidence (documentation)
-    tags: list[str] = field(default_factory=list)
-    description: str = ""              # what it looks for, with thresholds (shown by `diag checks`)
-    docs: str | None = None            # source of the rule
-    source: str = "builtin"            # the entry point / distribution it came from
-
-    def to_dict(self) -> dict:
-        return {
-            "id": self.id, "title": self.title, "severity": self.severity, "needs": self.needs,
-            "tags": self.tags, "description": self.description, "docs": self.docs,
-            "source": self.source,
-        }
+def check_timeout() -> float | None:
+    """The per-check time limit in seconds (DIAG_CHECK_TIMEOUT; 0 or 'none' disables it)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    if raw.lower() in ("0", "none", "off"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DiagError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise DiagError(f"{TIMEOUT_ENV}={raw!r} must be a positive number of seconds (or 0 for no limit)")
+    return value
 
 
 def check(id: str, title: str, severity: str = "warning", needs: Iterable[str] = (),
           tags: Iterable[str] = (), docs: str | None = None, description: str | None = None):
-    """Declare a check. The description defaults to the function's docstring."""
+    """Legacy declaration: the check is a function of the Evidence and builds whole Findings.
+    New checks use :func:`diag.checks.api.check`."""
 
     def deco(func: Callable) -> Callable:
-        func.__diag_check__ = CheckSpec(
+        func.__diag_check__ = Check(
             id=id, title=title, func=func, severity=severity, needs=list(needs), tags=list(tags),
-            description=(description or (func.__doc__ or "")).strip(), docs=docs,
+            description=(description or (func.__doc__ or "")).strip(), docs=docs, takes_context=False,
+            module=func.__module__,
         )
         return func
 
     return deco
 
 
-def _specs_in(obj, source: str) -> list[CheckSpec]:
-    out: list[CheckSpec] = []
+def _specs_in(obj, source: str) -> list[Check]:
+    out: list[Check] = []
     if isinstance(obj, types.ModuleType):
         for value in vars(obj).values():
             spec = getattr(value, "__diag_check__", None)
-            if isinstance(spec, CheckSpec) and getattr(value, "__module__", None) == obj.__name__:
+            if isinstance(spec, Check) and (spec.module or getattr(spec.func, "__module__", None)) == obj.__name__:
                 out.append(spec)
     else:
         spec = getattr(obj, "__diag_check__", None)
-        if isinstance(spec, CheckSpec):
+        if isinstance(spec, Check):
             out.append(spec)
     for s in out:
         s.source = source
@@ -84,52 +87,139 @@ def _specs_in(obj, source: str) -> list[CheckSpec]:
 class LoadProblem:
     entry_point: str
     error: str
+    id: str = "diag.plugin-load"
+    title: str = "A check plugin failed to load"
+    fix: str = "Reinstall or fix the package that provides this entry point."
+
+
+@dataclass
+class PluginEntry:
+    """A third-party entry point, known from its metadata only (not imported)."""
+    name: str           # the entry point's name (by convention the check id, or an id prefix)
+    value: str          # module or module:attribute
+    dist: str           # the distribution that declares it
+    version: str
+
+    @property
+    def source(self) -> str:
+        return f"{self.dist} ({self.name})"
+
+    def to_dict(self) -> dict:
+        return {"id": self.name, "title": None, "severity": None, "needs": [], "tags": [],
+                "description": f"plugin entry point {self.value} from {self.dist} {self.version} (not imported)",
+                "docs": None, "source": self.source, "loaded": False}
+
+
+def _is_builtin(ep) -> bool:
+    return ep.value == "diag.checks" or ep.value.startswith("diag.checks.") or ep.value.startswith("diag.checks:")
+
+
+def _call_with_limit(fn: Callable, timeout: float | None):
+    """Run ``fn()`` in a daemon thread: ``(result, None)``, or ``(None, (kind, exc, traceback))`` where
+    kind is 'raised' (any BaseException) or 'timeout' (still running after ``timeout`` s; left behind)."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from a plugin included
+            box["error"] = ("raised", e, traceback.format_exc(limit=6))
+
+    if timeout is None:
+        target()
+    else:
+        t = threading.Thread(target=target, name="diag-check", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            return None, ("timeout", None, "")
+    if "error" in box:
+        return None, box["error"]
+    return box.get("result"), None
 
 
 class Registry:
-    def __init__(self, specs: list[CheckSpec] | None = None):
-        self.specs: list[CheckSpec] = list(specs or [])
+    def __init__(self, specs: list[Check] | None = None):
+        self.specs: list[Check] = list(specs or [])
         self.problems: list[LoadProblem] = []
+        self.plugins: list[PluginEntry] = []     # third-party entry points (listed, maybe not loaded)
+        self.timeout: float | None = None        # None: read DIAG_CHECK_TIMEOUT when running
 
     # ---- discovery ----------------------------------------------------------------------------
     @classmethod
-    def discover(cls) -> "Registry":
+    def discover(cls, load_plugins: bool = True) -> "Registry":
+        """Built-in checks, and the plugins' checks (imported only when ``load_plugins``; otherwise
+        they are listed from their entry-point metadata in ``plugins``)."""
         from importlib.metadata import entry_points
 
+        check_timeout()   # a bad DIAG_CHECK_TIMEOUT is a usage error before anything runs
         reg = cls()
-        seen_ids: set[str] = set()
+        owner: dict[str, str] = {}   # check id -> source that declared it first
         eps = list(entry_points(group=ENTRY_POINT_GROUP))
-        for ep in sorted(eps, key=lambda e: (not e.value.startswith("diag.checks"), e.name)):
-            dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
-            source = "builtin" if ep.value.startswith("diag.checks") else f"{dist} ({ep.name})"
-            try:
-                obj = ep.load()
-            except Exception as e:  # a broken plugin is reported, never fatal
-                reg.problems.append(LoadProblem(f"{ep.name} = {ep.value}", f"{type(e).__name__}: {e}"))
+        plugin_eps = []
+        for ep in sorted(eps, key=lambda e: (not _is_builtin(e), e.name)):
+            if _is_builtin(ep):
+                try:
+                    reg._add(_specs_in(ep.load(), "builtin"), owner)
+                except Exception:  # stale metadata of an editable install: found below from the tree
+                    pass
                 continue
-            for spec in _specs_in(obj, source):
-                if spec.id in seen_ids:
-                    continue
-                seen_ids.add(spec.id)
-                reg.specs.append(spec)
+            dist = getattr(ep, "dist", None)
+            reg.plugins.append(PluginEntry(ep.name, ep.value, getattr(dist, "name", None) or "?",
+                                           getattr(dist, "version", None) or "?"))
+            plugin_eps.append(ep)
         # The built-in modules are also found directly: a source tree that was never installed,
-        # or installed metadata older than the tree (an entry point added since the last
-        # `pip install -e .`), must not hide a built-in check.
-        reg._add_builtin_modules(seen_ids)
+        # or installed metadata older than the tree, must not hide a built-in check.
+        reg._add_builtin_modules(owner)
+        if load_plugins:
+            for ep, entry in zip(plugin_eps, reg.plugins):
+                reg._load_plugin(ep, entry, owner)
         reg.specs.sort(key=lambda s: s.id)
         return reg
 
-    def _add_builtin_modules(self, seen_ids: set[str]) -> None:
+    def _add(self, specs: list[Check], owner: dict[str, str]) -> None:
+        for spec in specs:
+            first = owner.get(spec.id)
+            if first is not None:
+                if first != spec.source:
+                    self.problems.append(LoadProblem(
+                        spec.source, f"the check id {spec.id!r} is declared both by {first} and by "
+                                     f"{spec.source}; only the one from {first} runs",
+                        id="diag.plugin-duplicate", title="Two packages declare the same check id",
+                        fix=f"Uninstall one of them, or rename the check in {spec.source}."))
+                continue
+            owner[spec.id] = spec.source
+            self.specs.append(spec)
+
+    def _load_plugin(self, ep, entry: PluginEntry, owner: dict[str, str]) -> None:
+        label = f"{ep.name} = {ep.value}"
+        obj, err = _call_with_limit(ep.load, self._timeout())
+        if err is not None:
+            kind, e, _tb = err
+            if kind == "timeout":
+                why = f"importing it took longer than {self._timeout():g} s"
+            else:
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            self.problems.append(LoadProblem(f"{label} (from {entry.dist})", why))
+            return
+        specs = _specs_in(obj, entry.source)
+        if not specs:
+            self.problems.append(LoadProblem(f"{label} (from {entry.dist})",
+                                             "it declares no check (no function decorated with "
+                                             "diag.checks.api.check)"))
+        self._add(specs, owner)
+
+    def _add_builtin_modules(self, owner: dict[str, str]) -> None:
         import diag.checks as pkg
 
         for info in pkgutil.iter_modules(pkg.__path__):
-            if info.name.startswith("_"):
+            if info.name.startswith("_") or info.name == "api":
                 continue
             mod = importlib.import_module(f"diag.checks.{info.name}")
-            for spec in _specs_in(mod, "builtin"):
-                if spec.id not in seen_ids:
-                    seen_ids.add(spec.id)
-                    self.specs.append(spec)
+            self._add([s for s in _specs_in(mod, "builtin") if s.id not in owner], owner)
+
+    def _timeout(self) -> float | None:
+        return self.timeout if self.timeout is not None else check_timeout()
 
     # ---- selection ----------------------------------------------------------------------------
     def select(self, select: Iterable[str] = (), ignore: Iterable[str] = ()) -> "Registry":
@@ -150,19 +240,22 @@ class Registry:
             specs = [s for s in specs if not any(_matches(s.id, p) for p in ignore)]
         out = Registry(specs)
         out.problems = self.problems
+        out.plugins = self.plugins
+        out.timeout = self.timeout
         return out
 
     # ---- running --------------------------------------------------------------------------------
     def run(self, evidence) -> list[Finding]:
+        timeout = self._timeout()
         findings: list[Finding] = []
         for spec in self.specs:
-            findings.extend(run_one(spec, evidence))
+            findings.extend(run_one(spec, evidence, timeout=timeout))
         for p in self.problems:
             findings.append(Finding(
-                id="diag.plugin-load", severity=Severity.CRASHED,
-                title="A check plugin failed to load",
-                message=f"The entry point {p.entry_point} could not be loaded: {p.error}.",
-                fix="Reinstall or fix the package that provides this entry point.",
+                id=p.id, severity=Severity.CRASHED, title=p.title,
+                message=(f"The entry point {p.entry_point} could not be loaded: {p.error}."
+                         if p.id == "diag.plugin-load" else f"{p.error[0].upper()}{p.error[1:]}."),
+                fix=p.fix,
             ))
         return findings
 
@@ -172,27 +265,49 @@ def _matches(check_id: str, pattern: str) -> bool:
     return check_id == pattern or check_id.startswith(pattern + ".")
 
 
-def run_one(spec: CheckSpec, evidence) -> list[Finding]:
-    try:
-        result = spec.func(evidence)
-        out = list(result or [])
-        for f in out:
-            if not isinstance(f, Finding):
-                raise TypeError(f"check returned {type(f).__name__}, not Finding")
-            if f.check is None or f.check == f.id:
-                f.check = spec.id
-            if f.docs is None:
-                f.docs = spec.docs
-        return out
-    except Exception as e:
-        tb = traceback.format_exc(limit=6)
-        return [Finding(
-            id=spec.id, severity=Severity.CRASHED, title=spec.title,
-            message=f"The check raised {type(e).__name__}: {e}",
-            evidence={"traceback": tb}, check=spec.id,
-            fix="This is a bug in the check, not in your script; please report it with the evidence file.",
-        )]
+def _crashed(spec: Check, message: str, tb: str = "") -> list[Finding]:
+    return [Finding(
+        id=spec.id, severity=Severity.CRASHED, title=spec.title, message=message,
+        evidence={"traceback": tb} if tb else {}, check=spec.id, docs=spec.docs,
+        fix=("This is a bug in the check, not in your script; please report it with the evidence file."
+             if spec.source == "builtin" else
+             f"This is a bug in the plugin {spec.source}, not in your script; report it to its authors."),
+    )]
 
 
-def run_checks(evidence, select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[Finding]:
-    return Registry.discover().select(select, ignore).run(evidence)
+def _execute(spec: Check, evidence) -> list:
+    """Preconditions, then the check; its findings as a list (not yet validated)."""
+    if not spec.takes_context:
+        return list(spec.func(evidence) or [])
+    ctx = Context(spec, evidence)
+    for pre in spec.requires:
+        unmet = pre(ctx)
+        if unmet is not None:
+            reason, numbers = unmet
+            return [ctx.skip(reason, **numbers)]
+    result = spec.func(ctx)
+    if result is None:
+        return []
+    if isinstance(result, Finding):
+        return [result]
+    return list(result)
+
+
+def run_one(spec: Check, evidence, timeout: float | None = None) -> list[Finding]:
+    """Run one check: its findings with id/title/docs filled in, or one ``crashed`` finding when it
+    raised (any BaseException), returned something else than findings, or ran past ``timeout`` s."""
+    out, err = _call_with_limit(lambda: _execute(spec, evidence), timeout)
+    if err is not None:
+        kind, e, tb = err
+        if kind == "timeout":
+            return _crashed(spec, f"The check did not finish within {timeout:g} s and was abandoned "
+                                  f"(the limit is set with {TIMEOUT_ENV}).")
+        return _crashed(spec, f"The check raised {type(e).__name__}: {e}", tb)
+    for f in out:
+        if not isinstance(f, Finding):
+            return _crashed(spec, f"The check raised TypeError: check returned {type(f).__name__}, not Finding")
+        if f.check is None or f.check == f.id:
+            f.check = spec.id
+        if f.docs is None:
+            f.docs = spec.docs
+    return out

@@ -3,6 +3,7 @@
 #
 #   scripts/setup.sh          runtime dependencies
 #   scripts/setup.sh test     runtime + test dependencies
+#   (both install the 'attach' extra: py-spy, for diag attach PID)
 #
 # torch: a torch that is already importable (for example a CUDA build in the Python you run this
 # with) is kept: the venv then sees it through --system-site-packages. Otherwise the CPU build
@@ -51,8 +52,8 @@ if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
     run_pip install "${DIAG_TORCH_SPEC:-torch==2.13.0}"
   fi
 fi
-target="."
-[ "$extras" = "test" ] && target=".[test]"
+target=".[attach]"
+[ "$extras" = "test" ] && target=".[test,attach]"
 echo "setup: installing diag (editable) and its dependencies into $VENV" >&2
 run_pip install -e "$target"
 echo "$want" > "$stamp"

@@ -22,13 +22,6 @@ from conftest import REPO
 
 CONTRACTS = [c["id"] for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
 
-# TEMPORARY: broken on this branch, fixed on others; the lead removes each mark when merging the fix.
-PENDING = {
-    "checks-public-api": "issue 11a: checks/ moves to the public API diag.checks.api",
-    "probe-records-diag-judges": "issue 11b: probe/flops.py stops looking up the cost catalogue",
-}
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
@@ -49,12 +42,9 @@ def lint_imports(tree: Path, contract: str) -> subprocess.CompletedProcess:
 
 def test_every_contract_is_checked():
     assert len(CONTRACTS) >= 7 and len(set(CONTRACTS)) == len(CONTRACTS)
-    assert set(PENDING) <= set(CONTRACTS)
 
 
-@pytest.mark.parametrize("contract", [
-    pytest.param(c, marks=pytest.mark.xfail(reason=PENDING[c], strict=True)) if c in PENDING else c
-    for c in CONTRACTS])
+@pytest.mark.parametrize("contract", CONTRACTS)
 def test_contract_is_kept(tree, contract):
     r = lint_imports(tree, contract)
     assert r.returncode == 0 and " KEPT" in r.stdout, r.stdout + r.stderr

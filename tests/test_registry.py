@@ -19,7 +19,7 @@ def test_registry_discovers_builtins_through_entry_points():
 
 def test_select_and_ignore_by_prefix():
     reg = Registry.discover()
-    assert {s.id for s in reg.select(["run"]).specs} == {"run.failed", "run.no-steps"}
+    assert {s.id for s in reg.select(["run"]).specs} == {"run.failed", "run.hung", "run.no-steps"}
     assert "run.failed" not in {s.id for s in reg.select(ignore=["run.failed"]).specs}
     with pytest.raises(DiagError, match="no check matches 'nosuch'"):
         reg.select(["nosuch"])

@@ -99,7 +99,11 @@ def execute(args, echo_default: str = "stdout"):
             evidence.run.status = "interrupted"
             evidence.run.stop_reason = f"interrupted by {run._signal}" if run._signal else "interrupted by Ctrl-C"
             run.save()
-    findings = registry.run(evidence)
+    if getattr(evidence.run, "source", "probe") == "attach":   # sampled by diag attach: its judgement
+        from diag.attach.judge import judge
+        findings = judge(evidence, _split(args.select), _split(args.ignore))
+    else:
+        findings = registry.run(evidence)
     return evidence, findings
 
 

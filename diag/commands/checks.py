@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
 
-def markdown(specs) -> str:
+def markdown(specs, plugins=()) -> str:
     lines = ["| id | default severity | what it looks for | source |", "|---|---|---|---|"]
     for s in specs:
         desc = " ".join(s.description.split()).replace("|", "\\|")
@@ -25,27 +25,33 @@ def markdown(specs) -> str:
         if s.source != "builtin":
             src = (src + " " if src else "") + f"plugin: {s.source}"
         lines.append(f"| `{s.id}` | {s.severity} | {desc} | {src} |")
+    for p in plugins:
+        lines.append(f"| `{p.name}` | | plugin entry point `{p.value}` (not imported) | plugin: {p.dist} {p.version} |")
     return "\n".join(lines) + "\n"
 
 
 def run(args) -> int:
     from diag.registry import Registry
 
-    reg = Registry.discover()
+    # Plugins are listed from their entry-point metadata: none is imported to list it.
+    reg = Registry.discover(load_plugins=False)
     if args.format == "json":
-        print(json.dumps([s.to_dict() for s in reg.specs], indent=2))
+        print(json.dumps([s.to_dict() for s in reg.specs] + [p.to_dict() for p in reg.plugins], indent=2))
     elif args.format == "markdown":
-        sys.stdout.write(markdown(reg.specs))
+        sys.stdout.write(markdown(reg.specs, reg.plugins))
     else:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"{len(reg.specs)} checks", show_lines=False)
+        title = f"{len(reg.specs)} checks" + (f" and {len(reg.plugins)} plugin entry point(s)" if reg.plugins else "")
+        t = Table(title=title, show_lines=False)
         t.add_column("id", style="bold", no_wrap=True)
         t.add_column("severity")
         t.add_column("what it looks for")
         for s in reg.specs:
             t.add_row(s.id, s.severity, " ".join(s.description.split()))
+        for p in reg.plugins:
+            t.add_row(p.name, "", f"plugin {p.dist} {p.version}: entry point {p.value} (imported when checks run)")
         Console().print(t)
     for p in reg.problems:
         print(f"diag: warning: plugin {p.entry_point} failed to load: {p.error}", file=sys.stderr)

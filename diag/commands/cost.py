@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+
 DESCRIPTION = ("Estimate FLOPs, GPU-hours, wall-clock time and cost of training (6·N·D) and evaluation (2·N·D) "
                "on the GPUs you can rent, from a formula or from what a measured run achieved.")
 EPILOG = """\

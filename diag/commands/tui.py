@@ -19,6 +19,7 @@ examples:
   diag tui --script train.py -- --epochs 1           run train.py (with its own arguments) live
   diag tui --script train.py --steps 200 --simulate-gpus healthy-8
   diag tui --from .diag/runs/<id>/evidence.json      browse a saved run; executes nothing
+  diag tui --attach 12345                            the live app on a job that is already running
   diag tui                                           GPU monitor + cost calculator
   diag tui --simulate-gpus throttling                try the GPU panes without a GPU
 
@@ -38,8 +39,18 @@ def add_arguments(p) -> None:
                    help="also plan the batch size for this GPU (catalogue name, e.g. h100, a100-80gb): after "
                         "step 1 the step is replayed on fake tensors (no memory used) and the Memory tab shows "
                         "the largest batch that fits; that step is left out of the timing")
+    p.add_argument("--attach", type=_pid, metavar="PID",
+                   help="the live app on a training job that is already running: sample it with py-spy in "
+                        "windows of 5 s (as diag attach), findings and a log line per window; the job is "
+                        "never paused or stopped")
     p.add_argument("--refresh", type=positive_float, metavar="SECONDS", default=0.5,
                    help="re-judge the evidence at most this often while the script runs (default: 0.5)")
+
+
+def _pid(text: str) -> int:
+    from diag.commands.attach import _pid as parse
+
+    return parse(text)
 
 
 def _interactive() -> bool:
@@ -87,16 +98,31 @@ def run(args) -> int:
         raise DiagError("--memory-plan needs a script to run (--script PATH)")
     if args.memory_plan:
         memory_plan_env(args.memory_plan)          # an unknown GPU is a usage error, before anything runs
+    if args.attach is not None and (args.from_ or args.script):
+        raise DiagError("--attach samples a running job; give it without --script or --from")
+    evidence = None
+    if args.from_:
+        from diag.evidence import load_evidence
+
+        evidence = load_evidence(args.from_)       # a bad file is reported as such, terminal or not
     if not _interactive():
         raise DiagError(NO_TTY)
 
     from diag.tui.live import ReplaySource, RunFeed, Source
 
     run = None
-    if args.from_:
-        from diag.evidence import load_evidence
+    attach = None
+    if args.attach is not None:
+        from diag.attach.live import AttachFeed
+        from diag.attach.target import describe, require_python, require_training
 
-        evidence = load_evidence(args.from_)
+        t = describe(args.attach)                  # a missing / non-Python / non-torch PID: one sentence, exit 2
+        require_python(t)
+        require_training(t)
+        source = attach = AttachFeed(pid=args.attach, simulate_gpus=args.simulate_gpus,
+                                     gpu_interval=args.gpu_interval or 1.0, run_dir=args.run_dir)
+        gpu = build_gpu(args)
+    elif args.from_:
         source = ReplaySource(evidence, path=args.from_)
         gpu = build_gpu(args, replay_evidence=evidence)
     elif args.script:
@@ -120,6 +146,13 @@ def run(args) -> int:
     finally:
         if run is not None:
             _finish(run, app)
+        if attach is not None:
+            attach.stop()
+            attach.wait_ended(15)
+    if attach is not None:
+        sys.stderr.write(f"diag: sampled PID {args.attach} in {attach.windows} window(s); the job was not touched\n")
+        if attach.error:
+            sys.stderr.write(f"diag: {attach.error}\n")
     if run is not None:
         ev = run.evidence
         sys.stderr.write(f"diag: the script {ev.run.status}"

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Union, runtime_checkable
 
+from diag import units
+
 
 # ---- NA ---------------------------------------------------------------------------------------------
 
@@ -62,11 +64,7 @@ def is_na(value: Any) -> bool:
 # ---- formatting -------------------------------------------------------------------------------------
 
 def _human_bytes(n: float) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            v = n / size
-            return f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{n:.0f} B"
+    return units.fmt_bytes(n, style="short")
 
 
 def _human_rate(n: float) -> str:

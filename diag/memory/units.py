@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+from diag import units as _units
 from diag.errors import DiagError
 
 _UNITS = {
@@ -31,18 +32,5 @@ def parse_size(text: str) -> int:
 
 
 def fmt_bytes(n: float | int | None, signed: bool = False) -> str:
-    """1.50 GiB / 312 MiB / 12 KiB / N/A."""
-    if n is None:
-        return "N/A"
-    sign = ""
-    if signed and n > 0:
-        sign = "+"
-    if n < 0:
-        sign, n = "-", -n
-    if n >= GiB:
-        return f"{sign}{n / GiB:.2f} GiB"
-    if n >= MiB:
-        return f"{sign}{n / MiB:.0f} MiB"
-    if n >= 1024:
-        return f"{sign}{n / 1024:.0f} KiB"
-    return f"{sign}{int(n)} B"
+    """1.50 GiB / 312 MiB / 12 KiB / N/A (see :func:`diag.units.fmt_bytes`)."""
+    return _units.fmt_bytes(n, signed=signed)

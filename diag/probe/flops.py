@@ -374,7 +374,7 @@ class FlopCounter:
         return {"params": params, "params_non_embedding": params - emb, "compiled": "compiled" in wrappers}
 
     def _emit_achieved(self, probe) -> None:
-        from diag.cost.measured import summarize, timed_totals
+        from diag.evidence.flops import summarize, timed_totals
 
         if self.measured is None:
             return

@@ -1,24 +1,19 @@
 """The text rendering of ``diag cost``: estimates, comparisons, phase plans, the catalogue, a measured run."""
 from __future__ import annotations
 
+from diag import units
+
 
 def _qty(x: float | None) -> str:
-    if x is None:
-        return "N/A"
-    for div, suf in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{suf}"
-    return f"{x:.3g}"
+    return units.fmt_count(x)
 
 
 def _sci(x: float | None) -> str:
-    if x is None:
-        return "N/A"
-    return f"{x:.3g}".replace("e+", "e")
+    return units.fmt_sci(x)
 
 
 def _hours(h: float) -> str:
-    return f"{h:,.0f}" if h >= 100 else f"{h:,.2f}" if h >= 1 else f"{h:.3g}"
+    return units.fmt_hours(h)
 
 
 def _duration(hours: float) -> str:
@@ -38,11 +33,11 @@ def _money(x: float | None) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "N/A" if x is None else f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
+    return units.fmt_pct(x, style="cost")
 
 
 def _tflops(x: float | None) -> str:
-    return "N/A" if x is None else f"{x / 1e12:,.1f} TFLOPS"
+    return units.fmt_flops(x, per_second=True)
 
 
 def render_estimate(e, out) -> None:

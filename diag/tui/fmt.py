@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from diag import units
 from diag.report import fmt_value  # noqa: F401  (re-exported for the panes)
 
 NA = "N/A"
@@ -34,16 +35,7 @@ def num(v: Any, spec: str = ".0f", unit: str = "") -> str:
 def ms(seconds: float | None) -> str:
     if is_na(seconds):
         return NA
-    if seconds >= 10:
-        return f"{seconds:.1f} s"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    v = seconds * 1000
-    if v >= 100:
-        return f"{v:.0f} ms"
-    if v >= 1:
-        return f"{v:.1f} ms"
-    return f"{v:.2f} ms"
+    return units.fmt_seconds(seconds, fine=True)
 
 
 def duration(seconds: float | None) -> str:
@@ -65,12 +57,7 @@ def duration(seconds: float | None) -> str:
 def nbytes(n: float | None) -> str:
     if is_na(n):
         return NA
-    n = float(n)
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            v = n / size
-            return f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{n:.0f} B"
+    return units.fmt_bytes(n, style="short")
 
 
 def si(v: float | None, unit: str = "") -> str:
@@ -98,7 +85,7 @@ def money(v: float | None) -> str:
 def pct(share: float | None, digits: int = 0) -> str:
     if is_na(share):
         return NA
-    return f"{100 * share:.{digits}f}%"
+    return units.fmt_pct(share, digits=digits)
 
 
 def bar(share: float | None, width: int) -> str:

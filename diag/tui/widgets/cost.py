@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Label, Select, Static
 
+from diag import units
 from diag.tui import fmt
 from diag.tui.models.cost import (FIELDS, FORMULA, MEASURED, SAME_DEVICE, CostInputs, CostResult, Prefill,
                                catalog, compute, prefill)
@@ -62,15 +63,7 @@ def price_text(e) -> str:
 
 
 def _hours(h: float) -> str:
-    if 0 < h < 0.001:
-        return "<0.001"
-    if h >= 1e6:
-        return f"{h / 1e6:.2f}M"
-    if h >= 1e4:
-        return f"{h / 1e3:,.0f}k"
-    if h >= 100:
-        return f"{h:,.0f}"
-    return f"{h:.3g}"
+    return units.fmt_hours(h, style="compact")
 
 
 def main_renderable(res: CostResult, unit_hint: str):

@@ -1,0 +1,363 @@
+"""``diag.checks.api``: the public interface for writing a check (built-in or plugin).
+
+Everything a check author needs is here; nothing else in diag is public to checks.
+
+A check is a function of a :class:`Context`, declared once with :func:`check`::
+
+    from diag.checks.api import check, cuda_training, fmt_pct
+
+    @check(id="myorg.tiny-batch", title="Tiny batches", severity="warning", requires=[cuda_training()])
+    def tiny_batch(ctx):
+        \"\"\"Batches under 8 samples leave a GPU idle.\"\"\"
+        batch = ctx.rank.steps[-1].batch if ctx.rank.steps else None
+        if batch is None:
+            return ctx.skip("No step recorded its batch size.")
+        if batch < 8:
+            return ctx.finding(f"The batch is {batch} samples.", fix="Raise the batch size.")
+        return ctx.passed(f"The batch is {batch} samples.")
+
+The registry fills the id, title and docs link into every finding, runs the check only when its
+``requires`` hold (otherwise it reports ``skipped`` with the precondition's reason), turns any
+exception (and a check that runs past its time limit) into a ``crashed`` finding, and never lets a
+check take diag down. A check may ``return`` one finding, ``return``/``yield`` several, or return
+nothing (no finding).
+
+Register it in your package's pyproject.toml; the entry-point name is what ``diag checks`` lists
+without importing your package::
+
+    [project.entry-points."diag.checks"]
+    "myorg.tiny-batch" = "myorg_diag.checks:tiny_batch"     # or a module: every check in it
+
+Test it with :mod:`diag.testing` (an Evidence builder). ``API_VERSION`` follows semantic versioning:
+a new minor adds names, a new major may change them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from diag.evidence import DeviceInfo, Evidence, ModelInfo, RankEvidence, median
+from diag.findings import Finding, Location, Severity
+from diag.units import fmt_bytes, fmt_count, fmt_flops, fmt_hours, fmt_pct, fmt_sci, fmt_seconds
+
+API_VERSION = "1.0"
+
+__all__ = [
+    "API_VERSION", "check", "Check", "Context", "Precondition", "Finding", "Severity", "Location",
+    "Evidence", "RankEvidence", "ModelInfo", "DeviceInfo", "median",
+    "cuda_training", "training", "steps_observed", "gpu_telemetry", "ddp", "multi_rank", "perf_recorded",
+    "finished",
+    "fmt_bytes", "fmt_seconds", "fmt_pct", "fmt_flops", "fmt_sci", "fmt_hours", "fmt_count",
+    "training_sites", "training_models", "device_types", "cuda_device", "location", "peak_flops",
+    "flops_summary",
+]
+
+
+# ---- preconditions -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Precondition:
+    """Something a check needs from a run. ``test(ctx)`` returns None when it holds, or
+    ``(reason, evidence)``: the sentence the ``skipped`` finding says, and the numbers behind it.
+    A precondition may leave values on the context for the check (``cuda_training`` sets
+    ``ctx.models``)."""
+    name: str
+    test: Callable[["Context"], "tuple[str, dict] | None"]
+
+    def __call__(self, ctx: "Context") -> "tuple[str, dict] | None":
+        return self.test(ctx)
+
+
+def training_sites(r: RankEvidence) -> list:
+    """Forward call sites whose output fed a training step's backward."""
+    return [s for s in r.forwards if s.in_step]
+
+
+def training_models(r: RankEvidence) -> list[ModelInfo]:
+    """The models trained in this rank (those called by a training forward)."""
+    ids = {s.model for s in training_sites(r)}
+    return [m for m in r.models if m.id in ids]
+
+
+def device_types(models) -> set[str]:
+    """{"cuda", "cpu", ...}: the device types the models' parameters live on."""
+    return {str(d).split(":")[0] for m in models for d in (m.devices or [])}
+
+
+def cuda_device(ev: Evidence, models) -> DeviceInfo | None:
+    """The CUDA device the models use (from Environment.devices), or None."""
+    idx = None
+    for m in models:
+        for d in m.devices or []:
+            d = str(d)
+            if d.startswith("cuda"):
+                _, _, i = d.partition(":")
+                idx = int(i) if i.isdigit() else 0
+                break
+        if idx is not None:
+            break
+    if idx is None:
+        return None
+    for d in ev.environment.devices:
+        if d.index == idx and d.type == "cuda":
+            return d
+    cuda = [d for d in ev.environment.devices if d.type == "cuda"]
+    return cuda[0] if cuda else None
+
+
+def location(d: dict | None) -> Location | None:
+    """A Location from an Evidence location record ({file, line, function})."""
+    return Location.from_dict(d) if isinstance(d, dict) else None
+
+
+def peak_flops(device_name: str | None, precision: str = "fp32") -> "tuple[str | None, float | None, str | None]":
+    """Look a GPU up by name in diag's catalogue: ``(catalogue id, dense peak FLOP/s per device for
+    the precision, note)``; the peak is None (and the note says why) when the catalogue has no figure.
+    Judged in diag's process, so a corrected catalogue re-judges saved evidence."""
+    if not device_name:
+        return None, None, "the device name was not recorded"
+    from diag.cost.catalog import load_catalog
+    from diag.errors import DiagError
+
+    note = None
+    try:
+        cat = load_catalog()
+    except DiagError as e:
+        cat = load_catalog(user=False)
+        note = f"your GPU catalogue was not used ({e.message})"
+    gpu = cat.match_device(device_name)
+    if gpu is None:
+        return None, None, (f"{device_name!r} is not in the GPU catalogue: add it to "
+                            "~/.config/diag/gpus.toml for MFU")
+    peak = gpu.peak_flops(precision, per="device")
+    if peak is None:
+        return gpu.id, None, f"{gpu.name} has no dense {precision} rate in the catalogue"
+    return gpu.id, peak, note
+
+
+def flops_summary(r: RankEvidence) -> "tuple[dict, dict] | None":
+    """The recorded FLOP measurement of a rank judged against the catalogue: ``(measured, summary)``
+    where ``measured`` is ``r.flops['measured']`` with ``gpu``, ``peak_flops`` and ``peak_note`` looked
+    up now from the recorded device name (evidence from older probes that stored a peak keeps it
+    when the catalogue has none), and ``summary`` holds step_s, steps_timed, model_flops_per_s,
+    mfu, hfu, samples_per_s, tokens_per_s, overhead_ratio. None when no FLOPs were measured."""
+    from diag.cost.measured import summarize, timed_totals
+
+    flops = r.flops if isinstance(r.flops, dict) else {}
+    measured = flops.get("measured")
+    if not isinstance(measured, dict) or not measured.get("flops"):
+        return None
+    m = dict(measured)
+    if m.get("device") == "cpu" or (not m.get("device_name") and m.get("device") in (None, "cpu")):
+        m.setdefault("peak_note", "CPU run: the catalogue has no CPU peaks, so MFU is N/A")
+    elif m.get("device_name"):
+        gpu_id, peak, note = peak_flops(m.get("device_name"), m.get("precision") or "fp32")
+        if peak is not None or not m.get("peak_flops"):
+            m["gpu"], m["peak_flops"], m["peak_note"] = gpu_id or m.get("gpu"), peak, note
+    totals = timed_totals((s.index, s.total_s, s.instrumented) for s in r.steps)
+    instrumented = [s.total_s for s in r.steps if s.instrumented]
+    return m, summarize(m, totals, instrumented)
+
+
+def cuda_training(why: str = "the check is about CUDA training.") -> Precondition:
+    """The primary rank trains a model on CUDA. Sets ``ctx.models`` to the trained models.
+    ``why`` completes "The model trains on cpu: ..." in the skipped finding."""
+
+    def test(ctx: Context):
+        r = ctx.rank
+        if not training_sites(r):
+            return "No training forward was observed.", {}
+        models = training_models(r)
+        if "cuda" not in device_types(models):
+            devs = sorted(device_types(models)) or ["cpu"]
+            return f"The model trains on {', '.join(devs)}: {why}", {"devices": devs}
+        ctx.models = models
+        return None
+
+    return Precondition("cuda_training", test)
+
+
+def _training(ctx: Context):
+    if not training_sites(ctx.rank):
+        return "No training forward was observed.", {}
+    ctx.models = training_models(ctx.rank)
+    return None
+
+
+training = Precondition("training", _training)
+
+
+def _steps(ctx: Context):
+    if not any(r.step_stats.count > 0 for r in ctx.evidence.ranks):
+        return "No training step was observed.", {}
+    return None
+
+
+steps_observed = Precondition("steps_observed", _steps)
+
+
+def _gpu(ctx: Context):
+    gpu = ctx.evidence.gpu
+    if not isinstance(gpu, dict) or not gpu.get("devices"):
+        return "No GPU telemetry was recorded (no NVIDIA GPU, or NVML unavailable).", {}
+    return None
+
+
+gpu_telemetry = Precondition("gpu_telemetry", _gpu)
+
+
+def _ddp(ctx: Context):
+    if not any((r.distributed or {}).get("ddp") for r in ctx.evidence.ranks):
+        return "No DistributedDataParallel model was observed.", {}
+    return None
+
+
+ddp = Precondition("ddp", _ddp)
+
+
+def _multi(ctx: Context):
+    ev = ctx.evidence
+    if len(ev.ranks) > 1 or any(r.world_size > 1 for r in ev.ranks):
+        return None
+    return "This is a single-process run.", {}
+
+
+multi_rank = Precondition("multi_rank", _multi)
+
+
+def _perf(ctx: Context):
+    r = ctx.rank
+    if isinstance(r.extras, dict) and "perf" in r.extras:
+        return None
+    return ("The perf probe extension (diag.probe.perf) did not record this run "
+            "(disabled with DIAG_PROBE_DISABLE, or evidence from an older diag).", {})
+
+
+perf_recorded = Precondition("perf_recorded", _perf)
+
+
+def _finished(ctx: Context):
+    if ctx.evidence.run.status == "running":
+        return "The run is still going.", {}
+    return None
+
+
+finished = Precondition("finished", _finished)
+
+
+# ---- the context ---------------------------------------------------------------------------------
+
+class Context:
+    """What a check receives: the Evidence and the ways to say something about it."""
+
+    def __init__(self, spec: "Check", evidence: Evidence):
+        self.spec = spec
+        self.evidence = evidence
+        self.models: list[ModelInfo] = []   # set by cuda_training / training
+
+    @property
+    def ev(self) -> Evidence:
+        return self.evidence
+
+    @property
+    def rank(self) -> RankEvidence:
+        """The primary rank (rank 0)."""
+        return self.evidence.primary
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def title(self) -> str:
+        return self.spec.title
+
+    def finding(self, message: str, severity: "Severity | str | None" = None, *, title: str | None = None,
+                evidence: dict[str, Any] | None = None, why: str | None = None, fix: str | None = None,
+                snippet: str | None = None, location: "Location | dict | None" = None,
+                tags: Iterable[str] = (), id: str | None = None, docs: str | None = None) -> Finding:
+        """A finding of this check; ``severity`` defaults to the check's declared severity."""
+        sev = Severity(severity) if isinstance(severity, str) else (severity or Severity(self.spec.severity))
+        if isinstance(location, dict):
+            location = Location.from_dict(location)
+        return Finding(id=id or self.spec.id, severity=sev, title=title or self.spec.title, message=message,
+                       evidence=dict(evidence or {}), why=why, fix=fix, snippet=snippet, location=location,
+                       docs=docs or self.spec.docs, check=self.spec.id, tags=list(tags))
+
+    def skip(self, reason: str, *, title: str | None = None, **evidence: Any) -> Finding:
+        """The check cannot judge this run: ``reason`` says why (one sentence)."""
+        return self.finding(reason, Severity.SKIPPED, title=title, evidence=evidence)
+
+    def passed(self, message: str, *, title: str | None = None, **evidence: Any) -> Finding:
+        """The check judged the run and found nothing to fix."""
+        return self.finding(message, Severity.PASS, title=title, evidence=evidence)
+
+
+# ---- the decorator -------------------------------------------------------------------------------
+
+def check(id: str, title: str, severity: str = "warning", *, requires: Iterable[Precondition] = (),
+          needs: Iterable[str] = (), tags: Iterable[str] = (), docs: str | None = None,
+          description: str | None = None) -> Callable[[Callable], "Check"]:
+    """Declare a check: ``id`` (dotted, unique), ``title`` (short), the ``severity`` it reports when
+    it fires, the preconditions it ``requires``, and a ``docs`` link. The description shown by
+    ``diag checks`` is the function's docstring. The decorated object can still be called with an
+    Evidence (``my_check(ev)`` returns its findings, as the registry would)."""
+    Severity(severity)  # an unknown severity is an error at import time, not at run time
+
+    def deco(func: Callable) -> Check:
+        return Check(id=id, title=title, func=func, severity=severity, needs=list(needs), tags=list(tags),
+                     description=(description or (func.__doc__ or "")).strip(), docs=docs,
+                     requires=list(requires), takes_context=True, module=func.__module__)
+
+    return deco
+
+
+@dataclass
+class Check:
+    """A declared check (what the registry holds). Built by :func:`check`."""
+    id: str
+    title: str
+    func: Callable
+    severity: str = "warning"          # the default severity when it fires
+    needs: list[str] = field(default_factory=list)   # what it reads from Evidence (documentation)
+    tags: list[str] = field(default_factory=list)
+    description: str = ""              # what it looks for, with thresholds (shown by `diag checks`)
+    docs: str | None = None            # source of the rule
+    source: str = "builtin"            # the entry point / distribution it came from
+    requires: list[Precondition] = field(default_factory=list)
+    takes_context: bool = False        # False: a legacy check, a function of the Evidence
+    module: str | None = None
+
+    @property
+    def __diag_check__(self) -> "Check":
+        return self
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id, "title": self.title, "severity": self.severity, "needs": self.needs,
+            "tags": self.tags, "description": self.description, "docs": self.docs,
+            "source": self.source, "requires": [p.name for p in self.requires],
+        }
+
+    def __call__(self, evidence: Evidence) -> list[Finding]:
+        from diag.registry import run_one
+        return run_one(self, evidence, timeout=None)
+
+
+# ---- domain helpers ------------------------------------------------------------------------------
+# Pure functions over Evidence that the built-in checks share with diag's reports (the memory planner,
+# the cost engine, the GPU views). Offered here so that a check never reaches into diag's internals;
+# stable within an API major version, but more specialised than the names above.
+
+from diag.cost.formulas import DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, TYPICAL_MFU  # noqa: E402
+from diag.gpu.series import (dev_name, gpu_section, has_devices, label, mean, no_gpu_reason,  # noqa: E402
+                             percentile, run_devices, training_window, window_values)
+from diag.memory.breakdown import expandable_segments_enabled, fragmentation  # noqa: E402
+from diag.memory.oom import parse_oom  # noqa: E402
+from diag.memory.plan import accumulation_plan, accumulation_snippet  # noqa: E402
+
+__all__ += [
+    "DEFAULT_MFU_LLM", "DEFAULT_MFU_OTHER", "TYPICAL_MFU", "dev_name", "gpu_section", "has_devices", "label",
+    "mean", "no_gpu_reason", "percentile", "run_devices", "training_window", "window_values",
+    "expandable_segments_enabled", "fragmentation", "parse_oom", "accumulation_plan", "accumulation_snippet",
+]

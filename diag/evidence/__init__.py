@@ -1,0 +1,67 @@
+"""Evidence: everything diag observed about one run, as typed, versioned JSON.
+
+Checks see nothing else. Evidence is built by folding probe events (:mod:`diag.fold`; the kinds are in
+:mod:`diag.evidence.events`), saved to ``evidence.json`` in the run directory as it grows, and loaded
+anywhere with :func:`load_evidence` (validated field by field) to re-run the checks without executing
+anything.
+
+One module per section, each a dataclass (or a typed :class:`~diag.evidence._schema.Section` for the
+JSON-shaped sections written by probe extensions) with types, and units in field names or docs;
+docs/evidence.md is generated from them (``python -m diag.evidence.docs``)::
+
+    Evidence                          document.py
+      schema_version, diag_version, notes
+      run: RunInfo                    run.py
+      environment: Environment        environment.py (DeviceInfo)
+      ranks: [RankEvidence]           rank.py
+        steps, step_stats             steps.py (StepRecord, StepStats)
+        dataloaders                   dataloaders.py (DataLoaderInfo)
+        models, forwards, optimizers  models.py (ModelInfo, ForwardSite, OptimizerInfo)
+        exceptions                    run.py (ExceptionInfo)
+        memory                        memory.py (MemorySection, MemoryDevice)
+        flops                         flops.py (FlopsSection, FlopsMeasured)
+        amp, sync, distributed        amp.py, sync.py, distributed.py
+        extras                        extras.py (ExtrasSection)
+      gpu: GpuTelemetry               gpu.py
+      memory_plan: MemoryPlan         plan.py
+
+This package must not import torch.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from diag.evidence._schema import SchemaError, Section, build, median
+from diag.evidence.amp import AmpSection
+from diag.evidence.dataloaders import DataLoaderInfo
+from diag.evidence.distributed import DistributedSection
+from diag.evidence.document import (MAX_DEPTH, MAX_EVIDENCE_BYTES, READABLE_VERSIONS, SCHEMA_VERSION, Evidence,
+                                    _json_default, load_evidence)
+from diag.evidence.environment import DeviceInfo, Environment
+from diag.evidence.extras import ExtrasSection
+from diag.evidence.flops import FlopsMeasured, FlopsSection
+from diag.evidence.gpu import GpuTelemetry
+from diag.evidence.memory import MemoryDevice, MemorySection
+from diag.evidence.models import ForwardSite, ModelInfo, OptimizerInfo
+from diag.evidence.plan import MemoryPlan
+from diag.evidence.rank import MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, RankEvidence
+from diag.evidence.run import ExceptionInfo, RunInfo
+from diag.evidence.steps import StepRecord, StepStats
+from diag.evidence.sync import SyncSection
+
+_median = median
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Build a dataclass from an event's or a file's fields (types checked; unknown keys ignored)."""
+    return build(cls, data, cls.__name__)
+
+
+__all__ = [
+    "SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_DEPTH", "MAX_EVIDENCE_BYTES", "MAX_STEPS_KEPT",
+    "MAX_EXCEPTIONS_KEPT", "MAX_LIST_SECTION", "Evidence", "RunInfo", "Environment", "DeviceInfo",
+    "RankEvidence", "StepRecord", "StepStats", "DataLoaderInfo", "ModelInfo", "ForwardSite", "OptimizerInfo",
+    "ExceptionInfo", "MemorySection", "MemoryDevice", "FlopsSection", "FlopsMeasured", "AmpSection",
+    "SyncSection", "DistributedSection", "ExtrasSection", "GpuTelemetry", "MemoryPlan", "Section",
+    "SchemaError", "load_evidence", "median", "build", "_json_default", "_from_dict", "_median",
+]

@@ -1,0 +1,213 @@
+"""``Evidence``: the whole document, its JSON form and the one validating loader every command uses."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.errors import DiagError
+from diag.evidence._schema import SchemaError, build, describe
+from diag.evidence.environment import Environment
+from diag.evidence.gpu import GpuTelemetry
+from diag.evidence.plan import MemoryPlan
+from diag.evidence.rank import RankEvidence
+from diag.evidence.run import RunInfo
+
+# 2: typed sections (validated field by field on load); the probe records FLOPs and the device name
+#    and diag judges MFU against its catalogue. 1: the same shape, with the catalogue peak stored by
+#    the probe in flops.measured (still read, as a fallback).
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+MAX_EVIDENCE_BYTES = 512 << 20   # a real evidence file is a few MB (steps, samples and lists are bounded)
+MAX_DEPTH = 64                   # nesting of JSON objects and lists
+MAX_NODES = 20_000_000
+
+_TOP_SECTIONS = {"gpu": GpuTelemetry, "memory_plan": MemoryPlan}
+
+
+@dataclass
+class Evidence:
+    schema_version: int = SCHEMA_VERSION  # of this file's layout (see SCHEMA_VERSION)
+    diag_version: str = ""              # the diag that wrote the file
+    run: RunInfo = field(default_factory=RunInfo)  # what was run and how it ended
+    environment: Environment = field(default_factory=Environment)  # versions, devices, flags (rank 0)
+    ranks: list[RankEvidence] = field(default_factory=list)  # one per process (rank 0 only for one process)
+    gpu: GpuTelemetry = field(default_factory=GpuTelemetry)  # telemetry sampled by diag's own process
+    memory_plan: MemoryPlan = field(default_factory=MemoryPlan)  # batch-size plan when estimated
+    notes: list[str] = field(default_factory=list)  # what a reader must know (e.g. "simulated GPUs")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        cls = _TOP_SECTIONS.get(name)
+        if cls is not None and isinstance(value, dict) and not isinstance(value, cls):
+            value = cls(value)
+        object.__setattr__(self, name, value)
+
+    # ---- convenience ---------------------------------------------------------------------------
+    @property
+    def primary(self) -> RankEvidence:
+        """Rank 0 (creating an empty one if none was observed yet)."""
+        if not self.ranks:
+            self.ranks.append(RankEvidence())
+        for r in self.ranks:
+            if r.rank == 0:
+                return r
+        return self.ranks[0]
+
+    def rank(self, rank: int) -> RankEvidence:
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        r = RankEvidence(rank=rank)
+        self.ranks.append(r)
+        self.ranks.sort(key=lambda x: x.rank)
+        return r
+
+    @property
+    def multi_rank(self) -> bool:
+        return len(self.ranks) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_json_default, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str | None = None) -> "Evidence":
+        """Build from parsed JSON, checking every field's type; a problem is a :class:`DiagError`
+        with one sentence naming the file (``source``), the JSON path and the expected type."""
+        what = f"evidence file {source!r}" if source else "the evidence file"
+        if not isinstance(data, dict):
+            raise DiagError(f"{what} does not hold a JSON object (it holds {describe(data)})")
+        if "schema_version" not in data or data["schema_version"] is None:
+            raise DiagError(f"{what} has no schema_version: it was not written by diag")
+        version = data["schema_version"]
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise DiagError(f"{what} is malformed: schema_version is {describe(version)}, expected an integer")
+        if version > SCHEMA_VERSION:
+            raise DiagError(
+                f"{what} uses schema_version {version}, newer than this diag understands "
+                f"({SCHEMA_VERSION}); upgrade diag to read it"
+            )
+        if version not in READABLE_VERSIONS:
+            raise DiagError(f"{what} uses schema_version {version}, which this diag cannot read "
+                            f"(it reads {', '.join(map(str, READABLE_VERSIONS))})")
+        if version == 1:
+            data = _from_v1(data)
+        try:
+            ev = build(cls, data, "")
+        except SchemaError as e:
+            raise DiagError(f"{what} is malformed: {e}") from None
+        except RecursionError:
+            raise DiagError(f"{what} is malformed: it is nested deeper than {MAX_DEPTH} levels") from None
+        ev.schema_version = SCHEMA_VERSION
+        return ev
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically (a reader never sees half a file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = self.to_json()
+        fd, tmp = tempfile.mkstemp(prefix=".evidence-", suffix=".json", dir=str(path.parent))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+def _from_v1(data: dict) -> dict:
+    """Schema 1 has the layout of 2. Its ``flops.measured`` also carries the probe's catalogue lookup
+    (``gpu``, ``peak_flops``, ``peak_note``): kept, and used by MFU only when diag's catalogue has no
+    figure for the recorded device."""
+    return data
+
+
+def load_evidence(path: str | os.PathLike) -> Evidence:
+    """Load an evidence file (or a run directory holding ``evidence.json``); every problem is a
+    :class:`DiagError` with one clear sentence naming the file (and the JSON path and expected type
+    for a wrong value). Files that are not regular (``/dev/zero``, a pipe), larger than
+    ``MAX_EVIDENCE_BYTES`` or nested deeper than ``MAX_DEPTH`` are refused."""
+    p = Path(path)
+    name = str(p)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise DiagError(f"evidence file {name!r} does not exist") from None
+    except OSError as e:
+        raise DiagError(f"cannot read evidence file {name!r}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        cand = p / "evidence.json"
+        if cand.is_file():
+            p, name = cand, str(cand)
+            st = p.stat()
+        else:
+            raise DiagError(f"{name!r} is a directory with no evidence.json in it")
+    if not stat.S_ISREG(st.st_mode):
+        raise DiagError(f"evidence file {name!r} is not a regular file (a device, a pipe or a socket); "
+                        "give the path of an evidence.json")
+    if st.st_size > MAX_EVIDENCE_BYTES:
+        raise DiagError(f"evidence file {name!r} is {st.st_size / (1 << 20):.0f} MiB, larger than diag reads "
+                        f"({MAX_EVIDENCE_BYTES >> 20} MiB): it was not written by diag")
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_EVIDENCE_BYTES + 1)
+    except OSError as e:
+        raise DiagError(f"cannot read evidence file {name!r}: {e.strerror or e}") from None
+    if len(raw) > MAX_EVIDENCE_BYTES:
+        raise DiagError(f"evidence file {name!r} is larger than diag reads ({MAX_EVIDENCE_BYTES >> 20} MiB)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DiagError(f"evidence file {name!r} is not UTF-8 text (byte {e.start}): it is not JSON") from None
+    if not text.strip():
+        raise DiagError(f"evidence file {name!r} is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DiagError(
+            f"evidence file {name!r} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            "it may be truncated"
+        ) from None
+    except RecursionError:
+        raise DiagError(f"evidence file {name!r} is malformed: it is nested deeper than {MAX_DEPTH} levels") from None
+    _check_shape(data, name)
+    return Evidence.from_dict(data, source=name)
+
+
+def _check_shape(data: Any, name: str) -> None:
+    """Depth and size bounds, without recursion."""
+    stack = [(data, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH:
+            raise DiagError(f"evidence file {name!r} is malformed: it is nested deeper than {MAX_DEPTH} levels")
+        if nodes > MAX_NODES:
+            raise DiagError(f"evidence file {name!r} holds more than {MAX_NODES:,} values: it was not written by diag")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _json_default(o: Any) -> Any:
+    if dataclasses.is_dataclass(o):
+        return dataclasses.asdict(o)
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)

@@ -1,0 +1,1 @@
+"""An example diag check plugin: see docs/plugins.md."""
