@@ -53,6 +53,7 @@ class StepRules:
         self._eval_passes = 0
         self._closure: dict[int, list] = {}  # id(optimizer) -> [closure seconds, calls]
         self.last_batch_samples: int | None = None
+        self._framework_done = False
 
     # ---- groups ------------------------------------------------------------------------------------
     def _close_group(self) -> None:
@@ -195,6 +196,8 @@ class StepRules:
         step = self.current_step
         if step is not None:
             return step
+        if not self._framework_done:
+            self._detect_framework()
         tail, fwd = self._tail, self._tail_fwd
         self._tail, self._tail_fwd = [], []
         start = tail[0]["t0"] if tail else t
@@ -270,3 +273,45 @@ class StepRules:
             return      # a forward ran inside: evaluation under no_grad, not the update
         step.optimizer_s += end - t0
         self._close_step(end, "manual")
+
+    # ---- framework ------------------------------------------------------------------------------------
+    def _detect_framework(self) -> None:
+        """Once, at the first training activity: is a known framework driving the loop? Its frames are
+        on the stack (transformers' Trainer, Lightning's Trainer, accelerate). Emits a ``framework``
+        event with the user's line that called into it."""
+        if self._framework_done:
+            return
+        self._framework_done = True
+        import sys
+
+        from diag.probe.frames import frame_location, user_frame
+
+        found = None
+        f = sys._getframe(1)
+        while f is not None:
+            fn = f.f_code.co_filename.replace("\\", "/")
+            for marker, name, package in _FRAMEWORKS:
+                if marker in fn:
+                    found = (name, package)   # the outermost one wins (Trainer over accelerate)
+                    break
+            f = f.f_back
+        if found is None:
+            return
+        name, package = found
+        version = None
+        try:
+            from importlib.metadata import version as _version
+
+            version = _version(package)
+        except Exception:
+            pass
+        self.emit("framework", name=name, version=version, entry=frame_location(user_frame(2)))
+
+
+# (a path fragment of the framework's own loop, its name in Evidence, its distribution)
+_FRAMEWORKS = (
+    ("/transformers/trainer", "transformers", "transformers"),
+    ("/lightning/pytorch/", "lightning", "lightning"),
+    ("/pytorch_lightning/", "lightning", "pytorch-lightning"),
+    ("/accelerate/", "accelerate", "accelerate"),
+)
