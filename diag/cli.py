@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "memory": ("diag.commands.memory", "what fits: peak memory by category, largest batch, gradient accumulation (no GPU needed)"),
     "cost": ("diag.commands.cost", "FLOPs, GPU-hours, days and money for training and evaluation (formula or measured run)"),
     "gpus": ("diag.commands.gpus", "the GPUs now, per device and per process, plus host CPU/RAM (--json, --watch)"),
+    "compare": ("diag.commands.compare", "two runs side by side, noise-aware: step time and its phases, memory, MFU, findings (CI gate)"),
     "checks": ("diag.commands.checks", "list every check: id, severity, what it looks for and its source"),
     "demo": ("diag.commands.demo", "run `diag check` on a bundled training script with planted problems"),
 }
@@ -35,6 +36,7 @@ examples:
   diag cost --params 7B --tokens 140B --gpu h100 --count 8
   diag attach 12345                                  a job already running: where its time goes, is it stuck
   diag gpus                                          the GPUs now (--simulate-gpus healthy-8 without one)
+  diag compare base.json new.json --max-regression 5%   did this change make training slower?
   diag checks                                        the catalogue of checks
   diag COMMAND --help                                every option of a command, with examples
 
@@ -94,7 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("diag: interrupted\n")
         return ExitCode.INTERRUPTED
     except BrokenPipeError:
-        return ExitCode.OK
+        return _closed_stdout()
+
+
+def _closed_stdout() -> int:
+    """stdout was a pipe and its reader went away (``diag check ... | head -1``): end quietly, the
+    conventional way: no traceback, no "Exception ignored" at exit, the status of a process ended by
+    SIGPIPE (128 + 13)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 def entry() -> None:

@@ -6,8 +6,10 @@ This module must not import torch or textual.
 """
 from __future__ import annotations
 
+import atexit
 import codecs
 import collections
+import errno
 import os
 import secrets
 import signal
@@ -19,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from diag import __version__
-from diag.errors import DiagError
+from diag import __version__, supervise
+from diag.errors import DiagError, ExitCode
 from diag.evidence import Evidence
 from diag.fold import fold
+from diag.logtext import shown_line
+from diag.redact import redact_args
 
 GRACE_S = 5.0          # between SIGTERM and SIGKILL
 SAVE_EVERY_S = 1.0     # evidence.json is rewritten at most this often while the run goes on
@@ -31,14 +35,6 @@ POLL_S = 0.05
 
 CHUNK = 65536
 MAX_PARTIAL_LINE = 65536      # a longer unfinished line is handed to the listeners as it is
-
-
-def shown_line(line: str) -> str:
-    """What a terminal shows of a line redrawn with carriage returns (a progress bar): the text
-    after the last one (a trailing \\r, as in \\r\\n, ends the line and hides nothing)."""
-    body = line.rstrip("\r")
-    i = body.rfind("\r")
-    return body[i + 1:] if i >= 0 else body
 
 
 def _last_redraw(partial: str) -> str:
@@ -100,8 +96,38 @@ def validate_script(path: str) -> str:
 def new_run_dir(root: str) -> Path:
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
     d = Path(root) / run_id
-    d.mkdir(parents=True, exist_ok=False)
+    d.mkdir(parents=True, exist_ok=False, mode=0o700)
     return d
+
+
+def disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_message(where) -> str:
+    return (f"the disk is full: diag cannot write to {where}; the script was stopped and what was "
+            "observed so far is kept")
+
+
+class DiskFull(DiagError):
+    """A full disk found before the script starts: nothing runs."""
+
+    def __init__(self, where):
+        super().__init__(f"the disk is full: diag cannot write to {where}; nothing was started",
+                         code=ExitCode.USAGE)
+
+
+_LIVE_RUNS: "set[Run]" = set()
+
+
+@atexit.register
+def _kill_live_runs() -> None:
+    """diag is exiting (an exception, sys.exit, a second Ctrl-C): nothing it started may outlive it."""
+    for run in list(_LIVE_RUNS):
+        try:
+            run.kill_all()
+        except BaseException:
+            pass
 
 
 class Run:
@@ -114,7 +140,7 @@ class Run:
             raise DiagError(f"--steps must be a positive number of steps, not {config.steps}")
         if config.max_time is not None and not (config.max_time > 0):
             raise DiagError(f"--max-time must be a positive number of seconds, not {config.max_time}")
-        from diag.distributed import validate_torchrun, with_local_rendezvous
+        from diag.torchrun import validate_torchrun, with_local_rendezvous
 
         config.nproc_per_node = validate_torchrun(config.nproc_per_node, config.torchrun_args, config.python)
         if config.nproc_per_node:
@@ -124,16 +150,31 @@ class Run:
             if self.run_dir.exists() and not self.run_dir.is_dir():
                 raise DiagError(f"--run-dir {config.run_dir!r} exists and is not a directory")
             try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as e:
+                if disk_full(e):
+                    raise DiskFull(config.run_dir) from None
                 raise DiagError(f"cannot create the run directory {config.run_dir!r}: {e.strerror}") from None
+            self._lock_fd = _lock_run_dir(self.run_dir, config.run_dir)
             _clear_previous_run(self.run_dir)
         else:
             try:
                 self.run_dir = new_run_dir(config.runs_root)
             except OSError as e:
+                if disk_full(e):
+                    raise DiskFull(config.runs_root) from None
                 raise DiagError(f"cannot create the run directory under {config.runs_root!r}: {e.strerror}") from None
+            self._lock_fd = _lock_run_dir(self.run_dir, str(self.run_dir))
+        try:
+            os.chmod(self.run_dir, 0o700)
+        except OSError:
+            pass
         self.run_dir = self.run_dir.resolve()
+        # the run marker: inherited by everything the script starts, carried by every event
+        self.run_id = supervise.new_run_id(self.run_dir.name)
+        self.guard: supervise.Guard | None = None
+        self.disk_error: str | None = None
+        self._killed_all = False
         self.log_path = self.run_dir / "log.txt"
         self.evidence_path = self.run_dir / "evidence.json"
         self.lock = threading.RLock()
@@ -141,7 +182,7 @@ class Run:
         run = self.evidence.run
         run.id = self.run_dir.name
         run.script = self.script
-        run.args = list(config.args)
+        run.args = redact_args(list(config.args))
         run.cwd = os.getcwd()
         run.run_dir = str(self.run_dir)
         run.log_path = str(self.log_path)
@@ -160,7 +201,12 @@ class Run:
         self._event_offsets: dict[str, int] = {}
         self._descendants: dict[int, tuple[float, bool]] = {}  # pid -> (create_time, group leader)
         self._last_scan = 0.0
+        self._steps_reached_at: float | None = None
+        self._last_df = 0.0
+        self._internal_error: str | None = None
+        self._foreign_events = 0
         self._log_file = None
+        self.run_deleted = False
         self.returncode: int | None = None
         # the GPU sampler (diag/gpu): started with the script, recorded into evidence.gpu
         self.sampler = None
@@ -184,7 +230,7 @@ class Run:
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "Run":
         cmd = self.command()
-        self.evidence.run.command = cmd
+        self.evidence.run.command = redact_args(cmd)
         self.evidence.run.started_at = time.time()
         env = dict(os.environ)
         env.update(self.config.env)
@@ -192,23 +238,50 @@ class Run:
         env["PYTHONUNBUFFERED"] = "1"
         if self.config.steps:
             env["DIAG_MAX_STEPS"] = str(self.config.steps)
+        env[supervise.MARKER] = self.run_id
+        if not env.get("PYTHONSAFEPATH"):
+            # `python -m diag.probe` would put the current directory first on sys.path: a json.py or
+            # diag.py there would shadow the real module. The probe removes both before the script runs.
+            env["PYTHONSAFEPATH"] = "1"
+            env["DIAG_SAFEPATH_SET"] = "1"
         if self.config.nproc_per_node:
             env["DIAG_LAUNCHER_LOG"] = str(self.run_dir / "launcher.log")
+            _touch_private(self.run_dir / "launcher.log")
             env["DIAG_DEFER_TRACEBACK"] = "1"   # the first failing rank's traceback is shown once, at the end
         # diag itself must be importable by the child even when run from a source tree (an installed
         # diag is found anyway; putting site-packages on PYTHONPATH would put it before the stdlib)
         pkg_root = Path(__file__).resolve().parent.parent
         if pkg_root.name not in ("site-packages", "dist-packages"):
             env["PYTHONPATH"] = str(pkg_root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._log_file = open(self.log_path, "a", encoding="utf-8", errors="replace")
+        # a full disk is found before anything starts: the first evidence.json and the log are written
+        try:
+            self._log_file = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                                       "a", encoding="utf-8", errors="replace")
+            self._log_file.write("")
+            self._log_file.flush()
+            self.save(raise_errors=True)
+        except OSError as e:
+            self._release_lock()
+            if disk_full(e):
+                raise DiskFull(self.run_dir) from None
+            raise DiagError(f"cannot write to the run directory {str(self.run_dir)!r}: {e.strerror}") from None
         self._t_start = time.monotonic()
+        supervise.set_subreaper()
+        self.guard = supervise.Guard(self.run_id).start()
+        main_thread = threading.current_thread() is threading.main_thread()
         try:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, start_new_session=True, cwd=os.getcwd(),
+                # PR_SET_PDEATHSIG follows the thread that forked: only from the main thread, which
+                # lives as long as diag (the guard and the probe's watchdog cover the rest)
+                preexec_fn=supervise.child_preexec(os.getpid()) if main_thread else None,
             )
         except OSError as e:
+            self.guard.stop()
+            self._release_lock()
             raise DiagError(f"cannot start {cmd[0]!r}: {e.strerror}") from None
+        _LIVE_RUNS.add(self)
         if self.sampler is not None:
             self.sampler.track(self.proc.pid).start()
         self.save()
@@ -235,11 +308,38 @@ class Run:
                 self._signal = e.name
             self.stop("interrupted by Ctrl-C" if self._signal is None else
                       f"interrupted by {self._signal}", "interrupted")
-            self._done.wait(GRACE_S + 5)
+            try:
+                self._done.wait(GRACE_S + 5)
+            except KeyboardInterrupt:
+                # a second Ctrl-C: no more grace, everything dies now
+                self.kill_all()
+                self._done.wait(5)
             raise
         finally:
             restore()
         return self.evidence
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the run at once: the child, its tree, every process carrying the
+        run marker, every descendant seen during the run."""
+        p = self.proc
+        if p is None:
+            return
+        self._killed_all = True
+        root = p.pid if p.poll() is None else None
+        supervise.kill_everything(self.run_id, root, self._known(), exclude=self._own_pids())
+        if root is not None:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _known(self) -> dict:
+        return {pid: created for pid, (created, _leader) in list(self._descendants.items())}
+
+    def _own_pids(self) -> tuple:
+        g = self.guard.proc.pid if self.guard is not None and self.guard.proc is not None else None
+        return (os.getpid(),) + ((g,) if g else ())
 
     @property
     def running(self) -> bool:
@@ -272,8 +372,7 @@ class Run:
                     return
                 time.sleep(0.05)
             self._scan_descendants()
-            _kill_group(p.pid)
-            self._kill_descendants()
+            self.kill_all()
 
         threading.Thread(target=_kill_later, daemon=True).start()
 
@@ -298,8 +397,9 @@ class Run:
                     try:
                         self._log_file.write(text)
                         self._log_file.flush()
-                    except Exception:
-                        pass
+                    except Exception as e:
+                        if disk_full(e):
+                            self._disk_full(self.log_path)
                 if target is not None:
                     try:
                         target.write(text)
@@ -330,34 +430,99 @@ class Run:
                 pass
 
     def _follow(self) -> None:
+        """The events thread. Whatever goes wrong in it (a full disk, a bug), the run still ends: the
+        child is stopped, the evidence is finalised in memory and ``_done`` is set: diag never waits
+        forever."""
         p = self.proc
         assert p is not None
+        try:
+            self._follow_loop(p)
+        except BaseException as e:     # never die silently: stop the child, finish below
+            if disk_full(e):
+                self._disk_full(self.run_dir)
+            else:
+                self._internal_error = f"{type(e).__name__}: {e}"
+                self.stop(f"diag's event reader failed ({type(e).__name__}: {e})", "stopped")
+                self.kill_all()
+        try:
+            self._end(p)
+        finally:
+            self._done.set()
+            _LIVE_RUNS.discard(self)
+        for cb in list(self.listeners):
+            try:
+                cb({"kind": "run_end"})
+            except Exception:
+                pass
+
+    def _follow_loop(self, p) -> None:
         while True:
             exited = p.poll() is not None
             self._read_events()
             self._check_limits()
             now = time.monotonic()
-            if self.config.nproc_per_node and not exited and now - self._last_scan >= 0.5:
+            if not exited and now - self._last_scan >= 0.5:
                 self._scan_descendants()
             if self._dirty and now - self._last_save >= SAVE_EVERY_S:
                 self.save()
+            if not exited and now - self._last_df >= SAVE_EVERY_S:
+                self._last_df = now
+                if _no_space_left(self.run_dir):
+                    self._disk_full(self.run_dir)
             if exited:
                 break
             time.sleep(POLL_S)
-        # the child is gone: leave nothing behind (DataLoader workers, grandchildren, torchrun's ranks)
-        _kill_group(p.pid)
-        self._kill_descendants()
+
+    def _end(self, p) -> None:
+        # the child is gone: leave nothing behind (DataLoader workers, grandchildren in their own
+        # sessions or process groups, torchrun's ranks): its tree, the run marker, all pids seen
+        try:
+            p.wait(timeout=GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            pass
+        supervise.kill_everything(self.run_id, p.pid if p.poll() is None else None, self._known(),
+                                  exclude=self._own_pids())
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)
-        self._read_events()
-        self.returncode = p.returncode
-        self._finalise(p.returncode)
+        if self.guard is not None:
+            self.guard.stop()
         try:
-            self._log_file.close()
+            self._read_events()
         except Exception:
             pass
-        self._done.set()
+        self.returncode = p.returncode
+        try:
+            self._finalise(p.returncode)
+        except BaseException as e:
+            if disk_full(e):
+                self._disk_full(self.run_dir)
+            else:
+                raise
+        finally:
+            try:
+                self._log_file.close()
+            except Exception:
+                pass
+            self._release_lock()
+
+    def _disk_full(self, where) -> None:
+        """Record a full disk once, stop the child at once (nothing more can be saved)."""
+        if self.disk_error is None:
+            self.disk_error = disk_full_message(where)
+            if self._stop_reason is None:
+                self._stop_reason = ("stopped", "the disk is full")
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill_all()
+
+    def _release_lock(self) -> None:
+        fd = getattr(self, "_lock_fd", None)
+        if fd is not None:
+            self._lock_fd = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         for cb in list(self.listeners):
             try:
                 cb({"kind": "run_end"})
@@ -367,7 +532,7 @@ class Run:
     def _scan_descendants(self) -> None:
         """Remember every process under the child. torchrun starts each rank in a session of its
         own, out of reach of a signal to the child's process group, and its ranks outlive it
-        when it is killed: they are found here and killed by :meth:`_kill_descendants`."""
+        when it is killed: they are found here and killed at the end (:func:`diag.supervise.kill_everything`)."""
         self._last_scan = time.monotonic()
         p = self.proc
         if p is None:
@@ -383,31 +548,23 @@ class Run:
         except Exception:
             pass
 
-    def _kill_descendants(self) -> None:
-        if not self._descendants:
-            return
-        try:
-            import psutil
-        except ImportError:
-            return
-        for pid, (created, leader) in list(self._descendants.items()):
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() != created:
-                    continue       # the pid was reused by another process
-                if leader:         # a rank: its group holds its DataLoader workers
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                proc.kill()
-            except (psutil.Error, OSError):
-                pass
-
     def _check_limits(self) -> None:
         mt = self.config.max_time
-        if mt and self._stop_reason is None and time.monotonic() - self._t_start >= mt:
+        now = time.monotonic()
+        if mt and self._stop_reason is None and now - self._t_start >= mt:
             self.stop(f"--max-time {mt:g} s reached", "timeout")
+        n = self.config.steps
+        if n and self._stop_reason is None:
+            if self._steps_reached_at is None:
+                with self.lock:
+                    reached = any(r.step_stats.count >= n for r in self.evidence.ranks)
+                if reached:
+                    self._steps_reached_at = now
+            elif now - self._steps_reached_at >= GRACE_S:
+                # the probe asked the script to stop at step N and it went on (a bare `except:`
+                # swallowed the stop): SIGTERM now, SIGKILL after the grace period
+                self.stop(f"--steps {n} reached; the script caught the stop and went on, so diag ended it",
+                          "stopped")
 
     def _read_events(self) -> None:
         for path in sorted(self.run_dir.glob("events.rank*.jsonl")):
@@ -426,15 +583,24 @@ class Run:
                 continue
             self._event_offsets[key] = off + end + 1
             events = []
+            import json
+
             for line in chunk[: end + 1].splitlines():
                 if not line.strip():
                     continue
                 try:
-                    import json
-
                     events.append(json.loads(line))
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
+            if not events:
+                continue
+            mine = []
+            for e in events:
+                if not isinstance(e, dict) or e.pop("run", None) != self.run_id:
+                    self._foreign_events += 1     # another run writing into this directory
+                    continue
+                mine.append(e)
+            events = mine
             if not events:
                 continue
             with self.lock:
@@ -466,8 +632,10 @@ class Run:
                 sig = -returncode if returncode is not None and returncode < 0 else None
                 run.status = "killed" if sig else ("failed" if returncode else "completed")
                 if sig:
-                    run.stop_reason = f"the script was killed by signal {signal.Signals(sig).name}" \
-                        if sig in signal.Signals._value2member_map_ else f"killed by signal {sig}"
+                    run.stop_reason = f"the script was killed by {signal.Signals(sig).name}" \
+                        if sig in signal.Signals._value2member_map_ else f"the script was killed by signal {sig}"
+                    if sig == signal.SIGSEGV:
+                        run.stop_reason += " (a segmentation fault: a crash in native code)"
                     if sig == signal.SIGKILL:
                         run.stop_reason += " (out of host memory? the kernel's OOM killer sends SIGKILL)"
                 for r in ev.ranks:
@@ -482,15 +650,26 @@ class Run:
                         break
             run.exit_code = returncode if returncode is None or returncode >= 0 else None
             notice = self._finalise_ranks() if self.config.nproc_per_node else None
+            if not self.run_dir.is_dir():
+                # the script removed its own run directory: say so instead of "completed · 0 steps"
+                self.run_deleted = True
+                run.stop_reason = ((run.stop_reason + "; ") if run.stop_reason else "") + \
+                    "the script deleted its run directory, so events written after that and log.txt are lost"
+                if run.status == "completed":
+                    run.status = "failed" if returncode else "stopped"
+            if self.disk_error:
+                run.stop_reason = ((run.stop_reason + "; ") if run.stop_reason and
+                                   "disk is full" not in run.stop_reason else "") + "the disk is full"
             self._dirty = True
-        self.save()
+        if not self.run_deleted:
+            self.save()
         if notice:
             self._notice(notice)
 
     def _finalise_ranks(self) -> str | None:
         """torchrun: the rank that failed first names the failure; returns the text that shows its
         traceback once (the other ranks' errors are its consequences, one line each)."""
-        from diag.distributed import format_root_cause, root_cause, root_cause_summary
+        from diag.torchrun import format_root_cause, root_cause, root_cause_summary
 
         ev = self.evidence
         for r in ev.ranks:
@@ -526,13 +705,30 @@ class Run:
                 except Exception:
                     pass
 
-    def save(self) -> None:
+    def save(self, raise_errors: bool = False) -> None:
+        """Write evidence.json (0600). A full disk stops the run (the evidence stays in memory); a
+        vanished run directory is not recreated."""
         with self.lock:
             if self.sampler is not None:
                 self.evidence.gpu = self.sampler.to_evidence()
-            self.evidence.save(self.evidence_path)
             self._dirty = False
             self._last_save = time.monotonic()
+            if self.disk_error or self.run_deleted:
+                return
+            if not raise_errors and not self.run_dir.is_dir():
+                return
+            try:
+                self.evidence.save(self.evidence_path)
+            except OSError as e:
+                if raise_errors:
+                    raise
+                if disk_full(e):
+                    self._disk_full(self.run_dir)
+                return
+            try:
+                os.chmod(self.evidence_path, 0o600)
+            except OSError:
+                pass
 
     def snapshot(self) -> Evidence:
         """A consistent copy of the evidence so far (for live re-evaluation)."""
@@ -540,32 +736,44 @@ class Run:
             return Evidence.from_dict(self.evidence.to_dict())
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL every process in the child's session: DataLoader workers, torchrun ranks."""
+def _no_space_left(path: Path) -> bool:
+    """The file system under the run directory has no room left for another event line."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    # processes that left the group (setsid) but are still our descendants
-    try:
-        import psutil
-
-        me = psutil.Process(os.getpid())
-        for child in me.children(recursive=True):
-            try:
-                if child.pid != os.getpid() and _in_session(child, pgid):
-                    child.kill()
-            except psutil.Error:
-                pass
-    except Exception:
-        pass
-
-
-def _in_session(proc, sid: int) -> bool:
-    try:
-        return os.getsid(proc.pid) == sid
+        st = os.statvfs(path)
     except OSError:
         return False
+    free = st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail
+    return free * st.f_frsize < 4096 and st.f_blocks > 0
+
+
+def _touch_private(path: Path) -> None:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        os.chmod(path, 0o600)
+    except OSError:
+        pass
+
+
+def _lock_run_dir(run_dir: Path, shown: str):
+    """Hold an exclusive lock on the run directory for the whole run: a second diag given the same
+    --run-dir is refused (it would otherwise read this run's events, or this run its)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        if disk_full(e):
+            raise DiskFull(shown) from None
+        raise DiagError(f"cannot use the run directory {shown!r}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise DiagError(f"the run directory {shown!r} is in use by another diag run",
+                        hint="give each run its own --run-dir (or none: diag makes a new one)") from None
+    return fd
 
 
 class _Terminated(KeyboardInterrupt):

@@ -142,3 +142,16 @@ def run_config(args, echo: str | None):
                     gpu_interval=getattr(args, "gpu_interval", None) or 1.0)
     cfg.nproc_per_node, cfg.torchrun_args = torchrun_config(args)
     return cfg
+
+
+def stdout_console(**kw):
+    """A rich Console on stdout whose closed pipe (``diag check ... | head -1``) raises BrokenPipeError,
+    which diag's entry point turns into a quiet exit 141 (rich alone would exit 1, silently)."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(**kw)

@@ -19,9 +19,12 @@ examples:
   diag check --script train.py --fail-on warning          CI: fail on warnings too
   diag check --from .diag/runs/<id>/evidence.json         re-judge a saved run; executes nothing
   diag check --script train.py --select dataloader --ignore dataloader.pin-memory
+  diag check --script train.py --steps 200 --baseline base.json   judge, and compare with a baseline
 
 exit codes: 0 nothing at or above --fail-on · 1 findings at or above it · 2 usage or bad input
             3 the script failed (traceback shown, findings still reported) · 130 interrupted
+            with --baseline: the worse of the check's code and the comparison's (1 = a significant
+            regression beyond --max-regression); see docs/ci.md
 """
 
 
@@ -42,6 +45,16 @@ def add_arguments(p) -> None:
                    help="skip checks with this id or id prefix (repeatable, or comma-separated)")
     g.add_argument("--output", "-o", metavar="FILE", help="also write the report to FILE")
     g.add_argument("--verbose", "-v", action="store_true", help="show passed and skipped checks in full")
+    g.add_argument("--source-root", metavar="DIR",
+                   help="SARIF: paths are made relative to DIR (default: the git checkout holding the "
+                        "script, else its directory)")
+    b = p.add_argument_group("comparing with a baseline (diag compare; docs/ci.md)")
+    b.add_argument("--baseline", metavar="FILE",
+                   help="compare this run with a saved one (JSON report, evidence.json or run directory)")
+    b.add_argument("--max-regression", action="append", metavar="PCT|METRIC=PCT,...",
+                   help="with --baseline: largest tolerated regression, 5%% or step=5%%,memory=10%% (default 5%%)")
+    b.add_argument("--force", action="store_true",
+                   help="with --baseline: compare even when script, batch, world size or device differ")
 
 
 def _split(values: list[str]) -> list[str]:
@@ -74,8 +87,10 @@ def execute(args, echo_default: str = "stdout"):
     if not args.from_ and not args.script:
         raise DiagError("nothing to check: give --script PATH (or --from EVIDENCE)",
                         hint="diag demo runs a bundled example; diag check --help shows the options")
-    # bad selections are usage errors, found before anything runs
+    # bad selections are usage errors, found before anything runs; so is an unwritable -o
     registry = Registry.discover().select(_split(args.select), _split(args.ignore))
+    if getattr(args, "output", None):
+        check_output_path(args.output)
     machine = args.format != "text"
     if args.from_:
         evidence = load_from(args.from_)
@@ -86,7 +101,10 @@ def execute(args, echo_default: str = "stdout"):
         run = Run(run_config(args, echo="stderr" if machine else echo_default))
         how = (f"under torchrun, {run.config.nproc_per_node} process(es) per node, the probe in every rank"
                if run.config.nproc_per_node else "under the probe")
-        sys.stderr.write(f"diag: running {run.script} {how} (run directory {run.run_dir})\n")
+        from diag.sanitize import for_terminal
+
+        sys.stderr.write(f"diag: running {for_terminal(run.script)} {how} "
+                         f"(run directory {for_terminal(run.run_dir)})\n")
         sys.stderr.flush()
         run.start()
         interrupted = False
@@ -99,6 +117,10 @@ def execute(args, echo_default: str = "stdout"):
             evidence.run.status = "interrupted"
             evidence.run.stop_reason = f"interrupted by {run._signal}" if run._signal else "interrupted by Ctrl-C"
             run.save()
+        args._disk_error = run.disk_error
+        if run.run_deleted:
+            sys.stderr.write(f"diag: the script deleted its run directory {run.run_dir}; the report below "
+                             "holds what was read before that (log.txt is lost)\n")
     if getattr(evidence.run, "source", "probe") == "attach":   # sampled by diag attach: its judgement
         from diag.attach.judge import judge
         findings = judge(evidence, _split(args.select), _split(args.ignore))
@@ -107,14 +129,84 @@ def execute(args, echo_default: str = "stdout"):
     return evidence, findings
 
 
+def execute_script(script: str, script_args: list[str], *, steps=None, max_time=None, select=(), ignore=()):
+    """Run one script under the probe, quietly (its output to the run's log), and judge it."""
+    import argparse
+
+    ns = argparse.Namespace(script=script, from_=None, select=list(select), ignore=list(ignore),
+                            format="json", steps=steps, max_time=max_time, run_dir=None,
+                            script_args=script_args, simulate_gpus=None, gpu_interval=1.0)
+    return execute(ns)
+
+
+def check_output_path(path: str) -> None:
+    """-o FILE is checked before anything runs: its directory must exist and be writable."""
+    import os
+
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise DiagError(f"-o {path!r} is a directory; give a file name")
+    if not os.path.isdir(parent):
+        raise DiagError(f"-o {path!r}: the directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise DiagError(f"-o {path!r}: the directory {parent!r} is not writable")
+
+
 def run(args) -> int:
+    if getattr(args, "source_root", None):
+        from pathlib import Path
+
+        if not Path(args.source_root).is_dir():
+            raise DiagError(f"--source-root {args.source_root!r} is not a directory")
+    baseline = None
+    thresholds = None
+    if getattr(args, "baseline", None):
+        from diag.compare import extract
+        from diag.compare.core import parse_thresholds
+
+        if args.format == "sarif":
+            raise DiagError("--baseline reports in text, json or junit; SARIF holds findings only")
+        thresholds = parse_thresholds(args.max_regression)
+        baseline = extract.load(args.baseline, select=_split(args.select), ignore=_split(args.ignore))
+    elif getattr(args, "max_regression", None) or getattr(args, "force", False):
+        raise DiagError("--max-regression and --force only apply with --baseline FILE")
     evidence, findings = execute(args)
     code = exit_code_for(evidence, findings, args.fail_on)
-    _emit(args, evidence, findings, code)
+    comparison = None
+    if baseline is not None:
+        comparison, code = _compare(args, baseline, evidence, findings, code, thresholds)
+    disk = getattr(args, "_disk_error", None)
+    if disk:
+        code = ExitCode.USAGE
+    _emit(args, evidence, findings, code, comparison)
+    if disk:   # the report above holds what was observed; say why the run ended, last, in one sentence
+        raise DiagError(disk)
     return code
 
 
-def _emit(args, evidence, findings, code: int) -> None:
+def _compare(args, baseline, evidence, findings, code, thresholds):
+    """(Comparison or None, the worse exit code of the check and the comparison)."""
+    from diag.compare import extract
+    from diag.compare.core import compare
+
+    new = extract.from_evidence(evidence, findings, evidence.run.run_dir or "this run")
+    try:
+        comparison = compare([baseline], [new], thresholds=thresholds, force=args.force)
+    except DiagError as e:
+        sys.stderr.write(f"diag: cannot compare with the baseline: {e.message}\n")
+        return None, _worse(code, ExitCode.USAGE)
+    return comparison, _worse(code, comparison.exit_code)
+
+
+def _worse(a: int, b: int) -> int:
+    """The worse of two exit codes: interrupted > script failed > bad input > findings > ok."""
+    order = {ExitCode.OK: 0, ExitCode.FINDINGS: 1, ExitCode.USAGE: 2, ExitCode.SCRIPT_FAILED: 3,
+             ExitCode.INTERRUPTED: 4}
+    return max(a, b, key=lambda c: order.get(c, 2))
+
+
+def _emit(args, evidence, findings, code: int, comparison=None) -> None:
     from pathlib import Path
 
     from diag.report import render
@@ -123,7 +215,7 @@ def _emit(args, evidence, findings, code: int) -> None:
     run_dir = evidence.run.run_dir if not args.from_ else None
     if run_dir and Path(run_dir).is_dir():
         try:
-            (Path(run_dir) / "report.json").write_text(render_json(evidence, findings, code))
+            write_private(Path(run_dir) / "report.json", render_json(evidence, findings, code, comparison))
         except OSError:
             pass
     if args.format == "text":
@@ -131,21 +223,72 @@ def _emit(args, evidence, findings, code: int) -> None:
 
         if evidence.run.status in ("failed", "oom"):
             sys.stdout.flush()
-        console = Console(soft_wrap=False)
+        from diag.commands._common import stdout_console
+
+        console = stdout_console(soft_wrap=False)
         from diag.report.console import render_console
 
         render_console(evidence, findings, console, verbose=args.verbose)
+        if comparison is not None:
+            from diag.report.compare import render_text
+            console.print()
+            render_text(comparison, console)
         if args.output:
             rec = Console(record=True, file=open("/dev/null", "w"), width=100)
             render_console(evidence, findings, rec, verbose=args.verbose)
+            if comparison is not None:
+                from diag.report.compare import render_text
+                render_text(comparison, rec)
             _write(args.output, rec.export_text())
     else:
         kw = {"fail_on": args.fail_on} if args.format == "junit" else {}
-        text = render(args.format, evidence, findings, code, **kw)
+        if args.format == "sarif":
+            kw = {"source_root": getattr(args, "source_root", None)}
+        if args.format == "json":
+            text = render_json(evidence, findings, code, comparison)
+        elif args.format == "junit" and comparison is not None:
+            text = _junit_with_comparison(render(args.format, evidence, findings, code, **kw), comparison)
+        else:
+            text = render(args.format, evidence, findings, code, **kw)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         if args.output:
             _write(args.output, text + "\n")
+    if comparison is not None:
+        import os
+
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            from diag.report.compare import render_annotations
+            sys.stderr.write(render_annotations(comparison) + "\n")
+
+
+def _junit_with_comparison(check_xml: str, comparison) -> str:
+    """The check's <testsuite> and the comparison's, under one <testsuites>."""
+    from xml.etree import ElementTree as ET
+
+    from diag.report.compare import render_junit
+
+    root = ET.fromstring(render_junit(comparison))
+    check = ET.fromstring(check_xml)
+    if check.tag == "testsuites":
+        suites = list(check)
+    else:
+        suites = [check]
+    for i, s in enumerate(suites):
+        root.insert(i, s)
+    for attr in ("tests", "failures", "errors"):
+        root.set(attr, str(sum(int(s.get(attr, "0")) for s in root)))
+    return ET.tostring(root, encoding="unicode")
+
+
+def write_private(path, text: str) -> None:
+    """Write a file of the run directory readable by its owner only (0600), like the rest of it."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
 
 
 def _write(path: str, text: str) -> None:

@@ -40,8 +40,9 @@ def run(args) -> int:
     elif args.format == "markdown":
         sys.stdout.write(markdown(reg.specs, reg.plugins))
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from diag.commands._common import stdout_console
 
         title = f"{len(reg.specs)} checks" + (f" and {len(reg.plugins)} plugin entry point(s)" if reg.plugins else "")
         t = Table(title=title, show_lines=False)
@@ -52,7 +53,7 @@ def run(args) -> int:
             t.add_row(s.id, s.severity, " ".join(s.description.split()))
         for p in reg.plugins:
             t.add_row(p.name, "", f"plugin {p.dist} {p.version}: entry point {p.value} (imported when checks run)")
-        Console().print(t)
+        stdout_console().print(t)
     for p in reg.problems:
         print(f"diag: warning: plugin {p.entry_point} failed to load: {p.error}", file=sys.stderr)
     return 0

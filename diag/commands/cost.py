@@ -137,6 +137,7 @@ def run(args) -> int:
                 g, n = parse_target(s, count or measured.world_size)
                 rows.append(one(g, n, price if len(specs) == 1 else None))
         result = {"kind": "compare", "rows": [r.to_dict() for r in rows]}
+        _refuse_overflow(result)
         if measured is not None:
             result["measured"] = measured.to_dict()
         if args.format == "json":
@@ -158,6 +159,7 @@ def run(args) -> int:
         else:
             plan = plan_phases(args.phases, args.params, args.tokens, args.gpu, count or 1, mfu, price, catalog=cat,
                                precision=args.precision, recompute=args.recompute, **arch)
+        _refuse_overflow(plan.to_dict())
         if args.format == "json":
             json.dump({"kind": "phases", **plan.to_dict()}, out, indent=1, allow_nan=False)
             out.write("\n")
@@ -166,6 +168,7 @@ def run(args) -> int:
         return 0
 
     e = one(args.gpu, count, price)
+    _refuse_overflow(e.to_dict())
     if args.format == "json":
         d = {"kind": "estimate", **e.to_dict()}
         if measured is not None:
@@ -192,3 +195,31 @@ def _full_units(m, args) -> float:
     if args.tokens is not None and m.unit != "tokens":
         raise CostError("the measured model takes no token ids: use --samples or --epochs")
     return parse_quantity(args.tokens if args.tokens is not None else args.samples, m.unit)
+
+
+def _first_non_finite(obj, path: str = ""):
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path or "the result"
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            hit = _first_non_finite(v, f"{path}.{k}" if path else str(k))
+            if hit:
+                return hit
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            hit = _first_non_finite(v, f"{path}[{i}]")
+            if hit:
+                return hit
+    return None
+
+
+def _refuse_overflow(result: dict) -> None:
+    """Inputs so large that a figure overflows (inf GPU-hours, $inf) are refused, not printed."""
+    from diag.errors import DiagError
+
+    hit = _first_non_finite(result)
+    if hit:
+        raise DiagError(f"the inputs are too large to estimate: {hit} overflows (check --params, --tokens, "
+                        "--count and --price)")

@@ -140,7 +140,9 @@ def _run_script(args, target: dict | None) -> int:
         env["DIAG_MEMORY_EVAL_BATCH"] = str(args.eval_batch)
     cfg.env.update(env)
     run = Run(cfg)
-    sys.stderr.write(f"diag: running {run.script} for {cfg.steps} step(s) under the probe "
+    from diag.sanitize import for_terminal
+
+    sys.stderr.write(f"diag: running {for_terminal(run.script)} for {cfg.steps} step(s) under the probe "
                      f"(run directory {run.run_dir})\n")
     sys.stderr.flush()
     run.start()
@@ -161,14 +163,17 @@ def _run_script(args, target: dict | None) -> int:
     with run.lock:
         ev.memory_plan = plan
     run.save()
-    return _emit(args, ev, plan)
+    code = _emit(args, ev, plan)
+    if run.disk_error:       # what was observed is shown above; why the run ended, in one sentence
+        raise DiagError(run.disk_error)
+    return code
 
 
 def exit_code(ev, plan: dict) -> int:
     if plan["status"] == "ok":
         return ExitCode.FINDINGS if plan["verdict"].get("fits") is False else ExitCode.OK
-    if plan["status"] == "none" and ev.run.status in ("failed", "oom", "killed"):
-        return ExitCode.SCRIPT_FAILED
+    if ev.run.status in ("failed", "oom", "killed"):
+        return ExitCode.SCRIPT_FAILED      # the script failed before a batch could be replayed
     return ExitCode.FINDINGS
 
 
@@ -181,11 +186,10 @@ def _emit(args, ev, plan: dict) -> int:
                "exit_code": code, "plan": plan}
         sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
     else:
-        from rich.console import Console
-
+        from diag.commands._common import stdout_console
         from diag.report.memory import render_plan
 
-        render_plan(plan, Console(soft_wrap=False), script=ev.run.script)
+        render_plan(plan, stdout_console(soft_wrap=False), script=ev.run.script)
         if ev.run.status in ("failed", "oom") and plan["status"] != "ok":
             sys.stderr.write(f"diag: the script {ev.run.status}; its output is in {ev.run.log_path}\n")
     return code

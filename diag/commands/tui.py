@@ -22,6 +22,7 @@ examples:
   diag tui --attach 12345                            the live app on a job that is already running
   diag tui                                           GPU monitor + cost calculator
   diag tui --simulate-gpus throttling                try the GPU panes without a GPU
+  diag tui --script train.py --baseline base.json    the Steps tab shows the deltas per phase
 
 needs an interactive terminal; for CI and pipes use `diag check` (text, json, sarif, junit).
 exit codes: 0 closed normally · 2 usage or bad input (or no terminal) · 3 the script failed
@@ -43,6 +44,9 @@ def add_arguments(p) -> None:
                    help="the live app on a training job that is already running: sample it with py-spy in "
                         "windows of 5 s (as diag attach), findings and a log line per window; the job is "
                         "never paused or stopped")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="show a saved run (JSON report, evidence.json or run directory) beside this one in "
+                        "the Steps tab: the median step and each phase, and their deltas")
     p.add_argument("--refresh", type=positive_float, metavar="SECONDS", default=0.5,
                    help="re-judge the evidence at most this often while the script runs (default: 0.5)")
 
@@ -105,6 +109,11 @@ def run(args) -> int:
         from diag.evidence import load_evidence
 
         evidence = load_evidence(args.from_)       # a bad file is reported as such, terminal or not
+    baseline = None
+    if getattr(args, "baseline", None):             # a bad baseline is a usage error, before anything runs
+        from diag.compare import extract
+
+        baseline = extract.load(args.baseline)
     if not _interactive():
         raise DiagError(NO_TTY)
 
@@ -141,6 +150,8 @@ def run(args) -> int:
     from diag.tui.app import DiagApp
 
     app = DiagApp(source, gpu, refresh_s=args.refresh)
+    if baseline is not None:
+        app.baseline = baseline                     # read by the Steps tab
     try:
         app.run()
     finally:
@@ -155,9 +166,13 @@ def run(args) -> int:
             sys.stderr.write(f"diag: {attach.error}\n")
     if run is not None:
         ev = run.evidence
+        from diag.sanitize import for_terminal
+
         sys.stderr.write(f"diag: the script {ev.run.status}"
-                         f"{' (' + ev.run.stop_reason + ')' if ev.run.stop_reason else ''}; run directory: "
+                         f"{' (' + for_terminal(ev.run.stop_reason) + ')' if ev.run.stop_reason else ''}; run directory: "
                          f"{run.run_dir} (evidence.json, log.txt, report.json)\n")
+        if run.disk_error:
+            raise DiagError(run.disk_error)
         if ev.run.status in ("failed", "oom", "killed"):
             return ExitCode.SCRIPT_FAILED
     return ExitCode.OK
@@ -169,15 +184,21 @@ def _finish(run, app) -> None:
 
     if run.proc is not None and run.running:
         run.stop("stopped: diag tui was closed", "stopped")
-        run._done.wait(GRACE_S + 5)
+        try:
+            run._done.wait(GRACE_S + 5)
+        except KeyboardInterrupt:     # a second Ctrl-C: everything dies now
+            run.kill_all()
+            run._done.wait(5)
     try:
         from diag.report.json import render_json
         from diag.tui.live import default_checker
 
         findings = default_checker()(run.evidence)
+        from diag.commands.check import write_private
         from diag.errors import exit_code_for
 
         code = exit_code_for(run.evidence, findings, "error")
-        (run.run_dir / "report.json").write_text(render_json(run.evidence, findings, code) + "\n")
+        if run.run_dir.is_dir():
+            write_private(run.run_dir / "report.json", render_json(run.evidence, findings, code) + "\n")
     except Exception as e:  # the report is a convenience; the evidence is already saved
         sys.stderr.write(f"diag: could not write report.json: {e}\n")

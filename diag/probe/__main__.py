@@ -35,10 +35,15 @@ def main() -> int:
     events = events.replace("{rank}", str(rank))
     max_steps = os.environ.get("DIAG_MAX_STEPS")
 
+    from diag.probe import watchdog
+
+    watchdog.restore_environment()
+    watchdog.setup()    # dies with diag (or torchrun's launcher), taking the run's processes along
+
     from diag.probe.core import DiagStop, FileSink, Probe, is_oom
     from diag.probe.extensions import load_extensions
 
-    sink = FileSink(events)
+    sink = watchdog.TaggedSink(FileSink(events), events)
     probe = Probe(sink, max_steps=int(max_steps) if max_steps else None, rank=rank,
                   local_rank=local_rank, world_size=world, extensions=load_extensions(), script=script)
 
@@ -55,10 +60,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
 
     sys.argv = [script] + args
-    sys.path.insert(0, os.path.dirname(script))
-    probe.install()
+    watchdog.script_path(script)    # python script.py's sys.path: the script's directory, not the cwd
     code = 0
     try:
+        probe.install()
         runpy.run_path(script, run_name="__main__")
         probe.finish("completed", 0)
     except DiagStop as e:

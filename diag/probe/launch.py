@@ -71,6 +71,7 @@ def record_failures(err) -> None:
     for rank, failure in (getattr(err, "failures", None) or {}).items():
         event = {
             "kind": "merge", "t": 0.0, "rank": int(rank), "path": "distributed",
+            "run": os.environ.get("DIAG_RUN_ID"),
             "value": {"launcher_exit": {
                 "exitcode": getattr(failure, "exitcode", None),
                 "signal": _signal_name(getattr(failure, "exitcode", None)),

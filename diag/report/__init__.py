@@ -33,7 +33,7 @@ def render(fmt: str, evidence, findings, exit_code: int, **kw) -> str:
     if fmt == "sarif":
         from diag.report.sarif import render_sarif
 
-        return render_sarif(evidence, findings)
+        return render_sarif(evidence, findings, kw.get("source_root"))
     if fmt == "junit":
         from diag.report.junit import render_junit
 

@@ -10,7 +10,9 @@ from rich.text import Text
 
 from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
+from diag.redact import redact_args
 from diag.report.style import SEVERITY_STYLES as STYLE
+from diag.sanitize import for_terminal as safe, safe_finding
 
 
 def run_header(evidence) -> Text:
@@ -18,13 +20,13 @@ def run_header(evidence) -> Text:
     t = Text()
     t.append("diag ", style="bold")
     if run.script:
-        t.append(f"{run.script} {' '.join(run.args)}".rstrip())
+        t.append(safe(f"{run.script} {' '.join(str(a) for a in redact_args(run.args))}".rstrip()))
     t.append("\n")
     status_style = {"completed": "green", "stopped": "green", "timeout": "yellow"}.get(run.status, "red")
     t.append("status: ")
-    t.append(run.status, style=status_style)
+    t.append(safe(run.status), style=status_style)
     if run.stop_reason:
-        t.append(f" ({run.stop_reason})")
+        t.append(f" ({safe(run.stop_reason)})")
     steps = sum(r.step_stats.count for r in evidence.ranks)
     t.append(f" · {steps} step(s)")
     if evidence.ranks:
@@ -38,13 +40,14 @@ def run_header(evidence) -> Text:
     if len(evidence.ranks) > 1:
         t.append(f" · {len(evidence.ranks)} ranks")
     if run.simulated_gpus:
-        t.append(f"\nGPU values are SIMULATED (scenario '{run.simulated_gpus}')", style="bold magenta")
+        t.append(f"\nGPU values are SIMULATED (scenario '{safe(run.simulated_gpus)}')", style="bold magenta")
     for note in evidence.notes:
-        t.append(f"\nnote: {note}", style="dim")
+        t.append(f"\nnote: {safe(note)}", style="dim")
     return t
 
 
 def render_finding(f) -> Panel:
+    f = safe_finding(f)
     style, label = STYLE[f.severity]
     parts: list = [Text(f.message)]
     nums = {k: v for k, v in f.evidence.items() if k not in ("traceback", "message") and v is not None
@@ -84,7 +87,7 @@ def render_console(evidence, findings, console: Console, verbose: bool = False) 
             table.add_column(style="dim", no_wrap=True, overflow="ellipsis", ratio=1)
         for f in rest:
             style, label = STYLE[f.severity]
-            table.add_row(Text(label, style=style), f.id, f.message)
+            table.add_row(Text(label, style=style), safe(f.id), safe(f.message))
         console.print(table)
         if not verbose:
             console.print(Text("(-v shows the passed and skipped checks' messages in full)", style="dim"))
@@ -98,4 +101,4 @@ def render_console(evidence, findings, console: Console, verbose: bool = False) 
     console.print(summary)
     run = evidence.run
     if run.run_dir:
-        console.print(Text(f"run directory: {run.run_dir} (evidence.json, log.txt, report.json)", style="dim"))
+        console.print(Text(f"run directory: {safe(run.run_dir)} (evidence.json, log.txt, report.json)", style="dim"))

@@ -24,13 +24,19 @@ def summary(evidence, findings) -> dict:
     }
 
 
-def report_dict(evidence, findings, exit_code: int) -> dict:
+def report_dict(evidence, findings, exit_code: int, comparison=None) -> dict:
+    """The report; strings keep their data but lose ANSI colour codes (captured from a script's
+    output), and secret-looking script arguments are redacted (docs/reliability: redaction)."""
+    from diag.compare.extract import export
+    from diag.redact import redact_args
+    from diag.sanitize import strip_ansi
+
     run = evidence.run
-    return {
+    out = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "tool": {"name": "diag", "version": __version__},
         "run": {
-            "id": run.id, "script": run.script, "args": run.args, "status": run.status,
+            "id": run.id, "script": run.script, "args": redact_args(run.args), "status": run.status,
             "exit_code": run.exit_code, "wall_s": run.wall_s, "stop_reason": run.stop_reason,
             "run_dir": run.run_dir, "log": run.log_path,
             "evidence": (run.run_dir + "/evidence.json") if run.run_dir else None,
@@ -40,8 +46,14 @@ def report_dict(evidence, findings, exit_code: int) -> dict:
         "exit_code": exit_code,
         "findings": [f.to_dict() for f in sort_findings(findings)],
         "notes": evidence.notes,
+        # what `diag compare` needs (every kept step's phases, memory peaks, MFU, the comparability
+        # facts): a saved report is a complete baseline (docs/compare.md)
+        "compare": export(evidence),
     }
+    if comparison is not None:
+        out["comparison"] = comparison.to_dict()
+    return strip_ansi(out)
 
 
-def render_json(evidence, findings, exit_code: int) -> str:
-    return json.dumps(report_dict(evidence, findings, exit_code), indent=2, default=str)
+def render_json(evidence, findings, exit_code: int, comparison=None) -> str:
+    return json.dumps(report_dict(evidence, findings, exit_code, comparison), indent=2, default=str)

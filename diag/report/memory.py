@@ -8,6 +8,11 @@ CATEGORY_LABELS = (("parameters", "params"), ("gradients", "grads"), ("optimizer
 
 
 def render_plan(plan: dict, console, script: str | None = None) -> None:
+    # every string in the plan came from evidence: control characters are shown escaped
+    from diag.sanitize import for_terminal, safe_evidence_strings
+
+    plan = safe_evidence_strings(plan, multiline_keys=("snippet", "traceback"))
+    script = for_terminal(script) if script else script
     from rich.table import Table
     from rich.text import Text
 

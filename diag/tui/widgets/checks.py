@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Static
 
 from diag.findings import Finding, Severity, count_phrase
 from diag.report.style import SEVERITY_STYLES, list_label
+from diag.sanitize import for_terminal
 from diag.tui import fmt
 from diag.tui.widgets import Pane, UIState
 
@@ -58,6 +59,9 @@ def detail_renderable(f: Finding | None, cwd: str | None = None):
     if f is None:
         return Text("Select a finding to see its numbers, why it matters and how to fix it.",
                     style="dim")
+    from diag.sanitize import safe_finding
+
+    f = safe_finding(f)      # its strings came from evidence: no escape sequence reaches the terminal
     label, style = list_label(f.severity), SEVERITY_STYLES[f.severity].style
     parts: list = []
     head = Text()
@@ -162,7 +166,7 @@ class ChecksPane(Pane):
         tw = table.size.width or max(40, self.size.width * 2 // 5)
         wide = tw >= 76
         title_w = max(16, tw - 15 - (28 if wide else 0))   # cell padding and the scrollbar
-        rows = [(k, f.severity, f.title) for k, f in zip(keys, findings)]
+        rows = [(k, f.severity, for_terminal(f.title)) for k, f in zip(keys, findings)]
         # the cursor follows the most severe finding until the user moves it (focuses the table)
         follow = not table.has_focus
         if rows != self._order or (wide, title_w) != self._layout:

@@ -10,6 +10,7 @@ from textual.containers import Container, VerticalScroll
 from textual.widgets import Static
 
 from diag.gpu.provider import SLOWDOWN_REASONS, THERMAL_REASONS, THROTTLE_DESCRIPTIONS, fmt as gfmt, is_na
+from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
 from diag.tui.models.gpus import DeviceView, GpuView
 from diag.tui.widgets import Pane, UIState
@@ -142,7 +143,7 @@ def _procs(t: Text, procs: list, width: int, indent: str) -> None:
         t.append(f"{gfmt(p.used_memory, 'B'):>9} ", style="cyan")
         if p.visible:
             who = f"{p.user} " if p.user else ""
-            t.append(f"{who}{p.command or p.name}", style="dim")
+            t.append(safe(f"{who}{p.command or p.name}"), style="dim")
         else:
             t.append("(another container: not visible here)", style="dim italic")
     if len(procs) > MAX_PROCS:

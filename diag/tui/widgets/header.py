@@ -11,6 +11,8 @@ from textual.widgets import Static
 
 from diag.findings import Severity, count_phrase
 from diag.report.style import SEVERITY_STYLES
+from diag.redact import redact_args
+from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
 from diag.tui.widgets import UIState
 
@@ -57,15 +59,15 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     if state.stopping and status == "running":
         sym, label, style = "●", "stopping…", "bold yellow"
     else:
-        sym, label, style, _ = STATUS.get(status, ("?", status, "bold", ""))
+        sym, label, style, _ = STATUS.get(status, ("?", safe(status), "bold", ""))
     one.append(f"{sym} {label}", style=style)
     if status not in ("running",) and run.exit_code not in (None, 0):
         one.append(f" (exit {run.exit_code})", style=style)
     one.append("  ")
     script = os.path.basename(run.script) if run.script else run.id or "run"
-    one.append(script, style="bold")
+    one.append(safe(script), style="bold")
     if run.args:
-        one.append(" " + " ".join(run.args), style="dim")
+        one.append(" " + safe(" ".join(str(a) for a in redact_args(run.args))), style="dim")
     # elapsed
     if run.wall_s is not None and status != "running":
         elapsed = run.wall_s
@@ -101,15 +103,15 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     _badges(state, two)              # first: "simulated" must always be seen
     reason = _end_reason(ev)
     if reason:
-        two.append(reason, style="red" if status in ("failed", "oom", "killed") else "")
+        two.append(safe(reason), style="red" if status in ("failed", "oom", "killed") else "")
         two.append("  ")
     if state.mode == "replay":
         two.append("replay of ", style="dim")
-        two.append(state.source_path or "saved evidence", style="dim")
+        two.append(safe(state.source_path or "saved evidence"), style="dim")
         two.append(" (nothing executed)", style="dim")
     elif run.run_dir:
         two.append("run dir ", style="dim")
-        two.append(_home(fmt.short_path(run.run_dir, os.getcwd())), style="dim")
+        two.append(safe(_home(fmt.short_path(run.run_dir, os.getcwd()))), style="dim")
     return one, two
 
 

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import RichLog, Static
 
+from diag.sanitize import for_terminal, strip_ansi
 from diag.tui.fmt import short_path
 from diag.tui.live import LOG_LINES_KEPT
 from diag.tui.widgets import Pane, UIState
@@ -45,6 +46,8 @@ class LogPane(Pane):
     def write_lines(self, lines: list[tuple[str, str]]) -> None:
         log = self.query_one("#log", RichLog)
         for stream, line in lines:
-            text = Text(line.rstrip("\n").expandtabs(), style="red" if stream == "stderr" else "")
+            # the script's own text: colour codes dropped, other control characters shown escaped
+            text = Text(for_terminal(strip_ansi(line.rstrip("\n")).expandtabs()),
+                        style="red" if stream == "stderr" else "")
             log.write(text)
         self.lines_written += len(lines)

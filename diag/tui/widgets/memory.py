@@ -14,6 +14,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Sparkline, Static
 
 from diag.findings import Severity
+from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
 from diag.tui.widgets import Pane, UIState
 
@@ -125,7 +126,7 @@ def oom_renderable(ev, rank, findings) -> Group | None:
                 t.add_row(label, fmt.nbytes(parsed[key]))
         parts.append(t)
     elif exc is not None:
-        parts.append(Text(fmt.shorten(exc.message.strip().splitlines()[0] if exc.message.strip() else "", 200),
+        parts.append(Text(safe(fmt.shorten(exc.message.strip().splitlines()[0] if exc.message.strip() else "", 200)),
                           style="red"))
     b = (oom or {}).get("breakdown")
     if isinstance(b, dict) and b.get("categories"):
@@ -134,7 +135,7 @@ def oom_renderable(ev, rank, findings) -> Group | None:
                                                        for k, label, _ in CATEGORIES if k in c), style="dim"))
     mine = [f for f in findings if f.id.startswith("memory") and f.severity.rank >= Severity.INFO.rank]
     for f in mine[:3]:
-        parts.append(Text.assemble((f"{f.id}: ", "bold"), f.message))
+        parts.append(Text.assemble((f"{safe(f.id)}: ", "bold"), safe(f.message)))
         if f.fix:
             parts.append(Text.assemble(("fix ", "bold green"), f.fix))
         if f.snippet:
@@ -154,7 +155,7 @@ def plan_renderable(ev) -> Group | None:
     parts: list = []
     status = plan.get("status")
     if status != "ok":
-        parts.append(Text.assemble(("no batch-size plan", "yellow"), f": {plan.get('reason') or status}"))
+        parts.append(Text.assemble(("no batch-size plan", "yellow"), f": {safe(plan.get('reason') or status)}"))
         return Group(*parts)
     v = plan.get("verdict") or {}
     est = plan.get("estimate") or {}

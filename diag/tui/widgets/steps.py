@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 
+from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
 from diag.tui.models.steps import phase_shares, summarize_steps
 from diag.tui.widgets import Pane, UIState
@@ -82,11 +83,40 @@ def history_label(values: list[float], what: str, unit: str) -> Text:
     return t
 
 
+def baseline_table(base, ev) -> Table | Text:
+    """The live run's median step and phases beside a saved baseline's (diag.compare's steady-state
+    rule on both sides), with the deltas. Medians only: `diag compare` gives the intervals."""
+    from diag.compare import extract
+
+    live = extract.from_export(extract.export(ev), "live", [])
+    if live.steady < extract.MIN_STEADY:
+        return Text(f"baseline {base.source}: waiting for {extract.MIN_STEADY} steady-state steps "
+                    "(warm-up and instrumented steps are left out on both sides)", style="dim")
+    table = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False,
+                  title=f"vs baseline {base.source}", title_justify="left", title_style="bold")
+    for col in ("median", "baseline", "now", "delta", ""):
+        table.add_column(col, justify="left" if col == "median" else "right", no_wrap=True)
+    rows = [("step", "total_s")] + [(p, f"{p}_s") for p in extract.PHASES]
+    for label, key in rows:
+        a = float(statistics.median(base.steps[key])) if base.steps.get(key) is not None and base.steps[key].size else None
+        b = float(statistics.median(live.steps[key])) if live.steps[key].size else None
+        if a is None or b is None:
+            continue
+        d = b - a
+        rel = f"{d / a * 100:+.0f}%" if a > 0 else ""
+        style = "red" if a > 0 and d / a > 0.05 and abs(d) > 1e-4 else ("green" if a > 0 and d / a < -0.05 else "")
+        table.add_row(Text(label, style="bold" if key == "total_s" else PHASE_STYLE.get(key, "")),
+                      fmt.ms(a), fmt.ms(b), Text(f"{d * 1000:+.1f} ms", style=style), Text(rel, style=style))
+    return table
+
+
 class StepsPane(Pane):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="steps-scroll"):
             yield Static(id="steps-summary")
             yield Static(id="steps-breakdown")
+            if getattr(self.app, "baseline", None) is not None:
+                yield Static(id="steps-baseline")
             table = DataTable(id="steps-ranks", cursor_type="none", zebra_stripes=True)
             for col in ("rank", "host", "status", "steps", "step", "data", "fwd", "bwd", "opt", "samples/s",
                         "tokens/s"):
@@ -105,6 +135,9 @@ class StepsPane(Pane):
         s = summarize_steps(ev)
         self.query_one("#steps-summary", Static).update(summary_text(s, ev))
         self.query_one("#steps-breakdown", Static).update(breakdown_table(s))
+        base = getattr(self.app, "baseline", None)
+        if base is not None:
+            self.query_one("#steps-baseline", Static).update(baseline_table(base, ev))
         has = bool(s.history_ms)
         for wid in ("#steps-spark-label", "#steps-spark", "#steps-data-label", "#steps-data-spark"):
             self.query_one(wid).display = has
@@ -124,7 +157,7 @@ class StepsPane(Pane):
             for r in s.ranks:
                 m = r.median or {}
                 style = "bold yellow" if r is slowest else ""
-                table.add_row(Text(str(r.rank), style=style), r.host, r.status, str(r.steps),
+                table.add_row(Text(str(r.rank), style=style), safe(r.host), safe(r.status), str(r.steps),
                               Text(fmt.ms(m.get("total_s")), style=style), fmt.ms(m.get("data_s")),
                               fmt.ms(m.get("forward_s")), fmt.ms(m.get("backward_s")),
                               fmt.ms(m.get("optimizer_s")), fmt.si(r.samples_s), fmt.si(r.tokens_s))

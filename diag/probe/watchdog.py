@@ -1,0 +1,106 @@
+"""The probe's side of supervision (diag/supervise.py has diag's side). Runs in the user's process.
+
+- :func:`setup` starts a watchdog thread that notices the parent (diag, or torchrun's launcher for a
+  rank) is gone: it kills every process carrying the run marker, then this process. It wakes twice a
+  second and does one ``getppid()``: nothing on the hot path.
+- :func:`restore_environment` undoes what diag set only for the probe's own start-up
+  (``PYTHONSAFEPATH``, so that a ``json.py`` or ``diag.py`` in the current directory shadows nothing of
+  diag's), so the script and what it starts see the user's environment.
+- :class:`TaggedSink` wraps the event sink: every event carries the run id (the runner ignores events
+  of another run written into the same directory), the script's arguments in the start event are
+  redacted, the events file is private (0600), and a full disk never raises inside the user's script.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+MARKER = "DIAG_RUN_ID"
+CHECK_EVERY_S = 0.5
+
+
+def run_id() -> str | None:
+    return os.environ.get(MARKER) or None
+
+
+def restore_environment() -> None:
+    if os.environ.pop("DIAG_SAFEPATH_SET", None):
+        os.environ.pop("PYTHONSAFEPATH", None)
+
+
+def setup() -> threading.Thread | None:
+    """Start the parent watchdog (only under diag: the run marker is set)."""
+    rid = run_id()
+    ppid = os.getppid()
+    if rid is None or ppid <= 1:
+        return None
+    t = threading.Thread(target=_watch, args=(ppid, rid), daemon=True, name="diag-watchdog")
+    t.start()
+    return t
+
+
+def _watch(ppid: int, rid: str) -> None:
+    import time
+
+    while True:
+        time.sleep(CHECK_EVERY_S)
+        if os.getppid() != ppid:
+            break
+    # the parent is gone (diag killed, the launcher killed): take the whole run down with us
+    try:
+        from diag.supervise import kill_pids, marked_pids
+
+        for _ in range(3):
+            pids = marked_pids(rid)
+            if not pids:
+                break
+            kill_pids(pids)
+    except BaseException:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class TaggedSink:
+    """The event sink as the probe uses it (``sink(event)``, ``sink.close()``), see the module doc."""
+
+    def __init__(self, sink, path: str | None = None):
+        self._sink = sink
+        self.run_id = run_id()
+        self.disk_error: str | None = None
+        if path:
+            try:
+                os.chmod(path, 0o600)
+            except OSError:
+                pass
+
+    def __call__(self, event: dict) -> None:
+        if self.disk_error is not None:
+            return
+        if self.run_id is not None:
+            event["run"] = self.run_id
+        if event.get("kind") == "start" and "argv" in event:
+            from diag.redact import redact_args
+
+            event["argv"] = redact_args(event["argv"])
+        try:
+            self._sink(event)
+        except OSError as e:   # a full disk: diag sees it and ends the run; the script is not hurt
+            self.disk_error = e.strerror or str(e)
+
+    def close(self) -> None:
+        self._sink.close()
+
+    def __getattr__(self, name):
+        return getattr(self._sink, name)
+
+
+def script_path(script: str) -> None:
+    """``sys.path`` as ``python script.py`` has it: the script's directory first (not the current
+    directory, which ``python -m`` would have put there)."""
+    here = os.path.dirname(script)
+    cwd = os.getcwd()
+    if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] in ("", cwd):
+        del sys.path[0]
+    sys.path.insert(0, here)

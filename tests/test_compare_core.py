@@ -1,0 +1,202 @@
+"""diag.compare on hand-built Evidence: the steady-state rule, metrics, thresholds, attribution,
+findings diff, guards and every renderer (fast: no script runs)."""
+import json
+
+import numpy as np
+import pytest
+
+from diag.compare import extract
+from diag.compare.core import compare, parse_thresholds
+from diag.errors import DiagError
+from diag.evidence import DeviceInfo, Evidence, ModelInfo, RankEvidence, StepRecord
+from diag.report import compare as rc
+
+
+def _evidence(n=60, backward=0.004, seed=0, script="/w/train.py", batch=16, instrumented=(3,),
+              persistent=1000, device="cpu", gpu=None, torch="2.13.0", mfu=None, first_t=2.0):
+    rng = np.random.default_rng(seed)
+    ev = Evidence()
+    ev.run.script = script
+    ev.run.status = "completed"
+    ev.environment.torch = torch
+    if gpu:
+        ev.environment.cuda_available = True
+        ev.environment.devices = [DeviceInfo(name=gpu)]
+    r = RankEvidence()
+    r.models = [ModelInfo(devices=[device])]
+    for i in range(1, n + 1):
+        ph = {"data_s": 0.002, "forward_s": 0.004, "backward_s": backward, "optimizer_s": 0.001,
+              "other_s": 0.001}
+        ph = {k: v * (1 + rng.normal(0, 0.02)) for k, v in ph.items()}
+        if i == 1:
+            ph["forward_s"] += 0.5                      # warm-up
+        if i in instrumented:
+            ph["backward_s"] += 1.0                     # FLOP counting
+        r.steps.append(StepRecord(index=i, t=first_t + 0.01 * i, total_s=sum(ph.values()), samples=batch,
+                                  instrumented=i in instrumented, **ph))
+    r.step_stats.count = n
+    r.memory = {"persistent": {"params": persistent, "grads": persistent, "optimizer_state": 0}}
+    if mfu:
+        r.flops = {"achieved": {"mfu": mfu}}
+    ev.ranks.append(r)
+    return ev
+
+
+def _sample(ev, findings=(), source="x"):
+    return extract.from_export(extract.export(ev), source, list(findings))
+
+
+def test_steady_state_drops_warmup_and_instrumented_steps_alike():
+    s = _sample(_evidence(n=60))
+    assert s.excluded == {"warmup": 6, "instrumented": 1}
+    assert s.steady == 53
+    assert s.steps["total_s"].max() < 0.1              # neither the warm-up nor the FLOP step is in
+    assert extract.warmup_count(3) == 0 and extract.warmup_count(5) == 1 and extract.warmup_count(1000) == 20
+
+
+def test_same_evidence_twice_is_unchanged_and_exit_0():
+    c = compare([_sample(_evidence(seed=1))], [_sample(_evidence(seed=2))])
+    assert c.exit_code == 0
+    assert c.metric("step_time").verdict == "unchanged"
+    assert "not significant" in c.headline
+
+
+def test_a_backward_slowdown_is_a_regression_attributed_to_backward():
+    c = compare([_sample(_evidence(seed=1))], [_sample(_evidence(seed=2, backward=0.007))])
+    m = c.metric("step_time")
+    assert m.verdict == "regression" and c.exit_code == 1
+    assert 0.2 < m.change < 0.35 and m.low > 0.05
+    assert [a["phase"] for a in c.attribution] == ["backward"]
+    assert "backward +3.0 ms" in c.headline
+    assert c.metric("samples_per_s").verdict == "regression"
+    # the same as an improvement the other way round
+    c = compare([_sample(_evidence(seed=2, backward=0.007))], [_sample(_evidence(seed=1))])
+    assert c.exit_code == 0 and "step_time" in [m.key for m in c.improvements]
+
+
+def test_thresholds_per_metric():
+    t = parse_thresholds(["step=10%,memory=20%", "mfu=3"])
+    assert t["step"] == 0.10 and t["memory"] == 0.20 and t["mfu"] == 0.03 and t["throughput"] == 0.05
+    assert parse_thresholds(["2%"])["memory"] == 0.02
+    for bad in ("fast", "speed=5%", "step=-1%"):
+        with pytest.raises(DiagError):
+            parse_thresholds([bad])
+    c = compare([_sample(_evidence(seed=1))], [_sample(_evidence(seed=2, backward=0.0045))],
+                thresholds=parse_thresholds(["step=40%,throughput=40%"]))
+    assert c.exit_code == 0 and c.metric("step_time").verdict in ("worse", "unchanged")
+
+
+def test_memory_growth_and_mfu():
+    a = _sample(_evidence(seed=1, mfu=0.40))
+    b = _sample(_evidence(seed=2, persistent=1500, mfu=0.30))
+    c = compare([a], [b], thresholds=parse_thresholds(["memory=10%,mfu=3%"]))
+    mem = c.metric("persistent_memory")
+    assert mem.verdict == "regression" and abs(mem.change - 0.5) < 1e-9
+    mfu = c.metric("mfu")
+    assert mfu.method == "from step time" and mfu.verdict == "regression"
+    assert set(c.to_dict()["regressions"]) == {"persistent_memory", "mfu"}
+
+
+def test_findings_diff_new_gone_changed():
+    fa = [{"id": "a.gone", "severity": "warning", "message": "m"}, {"id": "b.same", "severity": "info"},
+          {"id": "c.sev", "severity": "info"}, {"id": "p.pass", "severity": "pass"}]
+    fb = [{"id": "b.same", "severity": "info"}, {"id": "c.sev", "severity": "error"},
+          {"id": "d.new", "severity": "warning", "message": "new sync",
+           "location": {"file": "/w/train.py", "line": 88}}]
+    c = compare([_sample(_evidence(seed=1), fa)], [_sample(_evidence(seed=2, backward=0.007), fb)])
+    assert [f["id"] for f in c.findings["new"]] == ["d.new"]
+    assert c.findings["new"][0]["location"] == "train.py:88"
+    assert [f["id"] for f in c.findings["gone"]] == ["a.gone"]
+    assert c.findings["changed"][0]["severity_before"] == "info"
+    text = rc.render_annotations(c)
+    assert "::warning file=train.py,line=88,title=new finding d.new::new sync" in text
+    assert text.splitlines()[0].startswith("::error title=diag compare%3A step time::step time +")
+
+
+def test_guards_refuse_with_one_sentence_and_force_overrides():
+    base = [_sample(_evidence(seed=1))]
+    cases = [(dict(script="/w/other.py"), "scripts differ (train.py vs other.py)"),
+             (dict(batch=32), "batch sizes differ (16 vs 32)"),
+             (dict(device="cuda:0"), "devices differ (cpu vs cuda)"),
+             (dict(gpu="NVIDIA H100"), "GPU models differ (none vs NVIDIA H100)")]
+    for kw, words in cases:
+        with pytest.raises(DiagError) as e:
+            compare(base, [_sample(_evidence(seed=2, **kw))])
+        assert words in e.value.message and e.value.message.count(".") <= 2
+        c = compare(base, [_sample(_evidence(seed=2, **kw))], force=True)
+        assert c.forced
+    c = compare(base, [_sample(_evidence(seed=2, torch="2.14.0"))])
+    assert {"fact": "torch", "base": "2.13.0", "new": "2.14.0", "blocking": False} in c.differences
+    with pytest.raises(DiagError, match="steady-state"):
+        compare(base, [_sample(_evidence(n=2, instrumented=()))])
+
+
+def test_repeats_per_side():
+    a = [_sample(_evidence(seed=i)) for i in range(3)]
+    b = [_sample(_evidence(seed=10 + i)) for i in range(3)]
+    c = compare(a, b)
+    m = c.metric("step_time")
+    assert m.method == "repeats" and c.exit_code == 0
+    assert c.noise["run_spread_base"] is not None
+
+
+def test_renderers_roundtrip():
+    c = compare([_sample(_evidence(seed=1))], [_sample(_evidence(seed=2, backward=0.007))])
+    doc = json.loads(rc.render_json(c))
+    assert doc["schema_version"] == 1 and doc["verdict"] == "regression" and doc["exit_code"] == 1
+    assert {m["key"] for m in doc["metrics"]} >= {"step_time", "phase.backward", "samples_per_s",
+                                                  "data_share", "persistent_memory", "time_to_first_step"}
+    md = rc.render_markdown(c)
+    rows = {r["metric"]: r for r in rc.parse_markdown_table(md)}
+    assert rows["step time"]["verdict"] == "REGRESSION" and rows["step time"]["threshold"] == "5%"
+    assert rows["· backward"]["change"] == "+3.0 ms"
+    xml = rc.render_junit(c)
+    xmlschema = pytest.importorskip("xmlschema")
+    from pathlib import Path
+
+    xmlschema.XMLSchema(str(Path(__file__).parent / "fixtures" / "schemas" / "junit-10.xsd")).validate(xml)
+    assert xml.count("<failure") == 2
+
+
+def test_loading_inputs(tmp_path):
+    ev = _evidence(seed=1)
+    ev.save(tmp_path / "evidence.json")
+    s = extract.load(tmp_path)                         # a run directory
+    assert s.steady == 53 and any(f["severity"] != "pass" for f in s.findings) is not None
+    (tmp_path / "sarif.json").write_text(json.dumps({"$schema": "x", "version": "2.1.0", "runs": []}))
+    with pytest.raises(DiagError, match="SARIF"):
+        extract.load(tmp_path / "sarif.json")
+    old = {"schema_version": 1, "tool": {"name": "diag"}, "findings": [], "run": {"evidence": None}}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(DiagError, match="predates diag compare"):
+        extract.load(tmp_path / "old.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DiagError, match="no evidence.json"):
+        extract.load(tmp_path / "empty")
+
+
+def test_headline_names_the_new_findings_that_probably_caused_it():
+    fb = [{"id": "sync.item", "severity": "warning", "message": "a host sync",
+           "location": {"file": "/w/train.py", "line": 88}}, {"id": "cost.mfu", "severity": "info"}]
+    c = compare([_sample(_evidence(seed=1))], [_sample(_evidence(seed=2, backward=0.007), fb)])
+    assert c.headline.endswith("; new findings: sync.item at train.py:88")
+    assert "backward +3.0 ms" in c.headline
+
+
+def test_cuda_memory_peaks_allocator_and_device():
+    def with_mem(ev, peak, reserved, nvml):
+        ev.primary.memory["steps"] = [{"step": i, "allocated": peak // 2, "peak": peak * i // 3,
+                                       "reserved": reserved, "reserved_peak": reserved} for i in (1, 2, 3)]
+        ev.gpu = {"devices": [{"index": 0, "stats": {"run_mem_max": nvml}}]}
+        return ev
+    a = _sample(with_mem(_evidence(seed=1), 8 << 30, 10 << 30, 12 << 30))
+    b = _sample(with_mem(_evidence(seed=2), 10 << 30, 11 << 30, 12 << 30))
+    assert a.scalars["allocator_peak_bytes"] == 8 << 30 and a.scalars["device_peak_bytes"] == 12 << 30
+    c = compare([a], [b], thresholds=parse_thresholds(["memory=10%"]))
+    assert c.metric("allocator_peak").verdict == "regression" and abs(c.metric("allocator_peak").change - 0.25) < 1e-9
+    assert c.metric("device_peak").verdict == "unchanged"
+    assert rc.rows(c)[[r["key"] for r in rc.rows(c)].index("allocator_peak")]["base"] == "8.0 GiB"
+    # simulated GPU telemetry never counts as a device peak
+    ev = with_mem(_evidence(seed=3), 8 << 30, 1 << 30, 50 << 30)
+    ev.gpu["simulated"] = True
+    assert _sample(ev).scalars["device_peak_bytes"] == 1 << 30
