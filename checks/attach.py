@@ -19,7 +19,12 @@ import math
 from diag.findings import Finding, Location, Severity
 from diag.registry import check
 
-from ._util import pct, skipped
+from ._util import pct
+
+
+def skipped(cid: str, title: str, reason: str) -> Finding:
+    """A skipped result (the helper this module used from _util before the checks API moved)."""
+    return Finding(id=cid, severity=Severity.SKIPPED, title=title, message=reason)
 
 DOCS = "docs/attach.md"
 DATA_WARN = 0.25        # share of main-thread samples waiting for the DataLoader
