@@ -44,6 +44,7 @@ from diag.probe.quiet import silence_hook_warnings
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
                                wrappers_of)
 from diag.probe.sink import FileSink
+from diag.probe import children
 from diag.probe.steps import StepRules, batch_samples
 from diag.probe.tensors import batch_size_of, first_tensor, grad_tensor, grad_tensors
 
@@ -314,6 +315,10 @@ class Probe(StepRules):
         except Exception as e:
             self.report_error("no_grad", e)
         os.register_at_fork(after_in_child=self._after_fork)
+        try:
+            children.install(self)    # follow training into multiprocessing children (diag.probe.children)
+        except Exception as e:
+            self.report_error("children", e)
         self._unsilence = silence_hook_warnings()   # torch.compile's warning about diag's global hooks
         self._ext("install")
         return self
