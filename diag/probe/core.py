@@ -617,6 +617,8 @@ class Probe(StepRules):
             # the step ends with its optimizer-step group, when the next iteration shows itself
             step.group.add(id(opt))
             step.group_end = end
+            if self._group_complete(step):
+                self._close_step(end, "optimizer")
         return None
 
     def optimizer_info(self, opt, create: bool = True) -> dict | None:

@@ -8,7 +8,8 @@ closures, which DataLoader feeds training, and evaluation passes as their own ph
   (``step.group_end``) and the optimizers in it. The step ends there when the next iteration shows
   itself: a DataLoader delivers its next batch, an optimizer of the group steps again, a training
   forward starts in a step that had no DataLoader batch, an evaluation forward, or the run ends.
-  A GAN (optimizerD.step(), then optimizerG.step(), one batch) is one step.
+  When every optimizer alive in the process has stepped (a loop with one optimizer), the group is
+  complete and the step closes at once. A GAN (optimizerD.step(), then optimizerG.step(), one batch) is one step.
 - **closures**: ``optimizer.step(closure)`` runs forwards and backwards inside the optimizer step
   (LBFGS, Lightning's automatic optimization). The closure is timed; the optimizer phase is the
   step's span minus the closure's time; the closure's forwards and backwards stay in their phases,
@@ -54,6 +55,8 @@ class StepRules:
         self._closure: dict[int, list] = {}  # id(optimizer) -> [closure seconds, calls]
         self.last_batch_samples: int | None = None
         self._framework_done = False
+        self._alive_counted_at = -1
+        self._alive_optimizers = 0
 
     # ---- groups ------------------------------------------------------------------------------------
     def _close_group(self) -> None:
@@ -61,6 +64,24 @@ class StepRules:
         step = self.current_step
         if step is not None and step.group_end is not None:
             self._close_step(step.group_end, "optimizer")
+
+    def _group_complete(self, step) -> bool:
+        """Every optimizer alive in the process has stepped in this group: the step can close now
+        (a single-optimizer loop closes at its optimizer step, as a step's end is then certain).
+        Live optimizers are counted (a gc scan) once per newly seen optimizer."""
+        n = len(self._optimizers)
+        if self._alive_counted_at != n:
+            self._alive_counted_at = n
+            try:
+                import gc
+
+                import torch
+
+                cls = torch.optim.Optimizer
+                self._alive_optimizers = sum(1 for o in gc.get_objects() if issubclass(type(o), cls))
+            except Exception:
+                self._alive_optimizers = 0
+        return len(step.group) >= max(self._alive_optimizers, 1)
 
     # ---- closures ----------------------------------------------------------------------------------
     def _wrap_closure(self, opt, args, kwargs):
