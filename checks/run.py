@@ -50,7 +50,9 @@ def run_failed(ctx):
 def run_no_steps(ctx):
     """No training step was observed: no optimizer.step() and no backward() through a model's
     output. Usually the wrong script, a script that exits early, or training code diag cannot see
-    (a model that is not a torch.nn.Module)."""
+    (a model that is not a torch.nn.Module). When the main process only started child processes that
+    trained (Hogwild with torch.multiprocessing, fork or spawn: diag follows them), an info that says
+    so, with each child's step count, instead of an error."""
     ev = ctx.evidence
     total = sum(r.step_stats.count for r in ev.ranks)
     if total == 0 and ev.run.status == "running":
