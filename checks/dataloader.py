@@ -120,8 +120,8 @@ def dataloader_workers(ctx):
     waits are the evaluation phase's): the median over the steady training steps of data wait / step
     time (RankEvidence.data_wait_share(), the one share every check reads; the first step out, and with
     workers the steps that fetched an epoch's first batch: dataloader.persistent-workers judges those).
-    Warning at >= 10% of step time, error at >= 30%. Passes when the wait is negligible, even with
-    num_workers=0. Recommends a num_workers from the measured per-batch fetch time (f = wait with 0
+    Warning at >= 10% of step time, error at >= 30%. Passes when the wait is negligible (under 10%,
+    or under 0.5 ms per step: a worker's hand-over costs about that), even with num_workers=0. Recommends a num_workers from the measured per-batch fetch time (f = wait with 0
     workers; f = w x (compute + wait) with w workers), sized for 1.5x the compute rate and capped at
     the usable CPUs minus one, and predicts the step time after it. On a CPU-only run the workers share
     the cores with the model's compute: the cap is half the CPUs, the text says so, the snippet has
@@ -151,7 +151,9 @@ def dataloader_workers(ctx):
                "cpu_training": on_cpu, "framework": fw,
                "wait_per_batch_steady_s": round(steady, 6) if steady is not None else None,
                "first_batch_mean_s": round(first, 6) if first is not None else None}
-    if frac < WARN_SHARE:
+    if frac < WARN_SHARE or wait < MIN_MAIN_THREAD_GAP_S:
+        # under 0.5 ms per step there is nothing workers can win back: handing a batch over from a
+        # worker process costs about as much
         yield ctx.passed(f"The model waited for data {pct(frac)} of step time ({ms(wait)} per step, "
                      f"num_workers={loader.num_workers}).", **numbers, title="Data arrives in time")
         return
