@@ -49,7 +49,7 @@ __all__ = [
     "finished",
     "fmt_bytes", "fmt_seconds", "fmt_pct", "fmt_flops", "fmt_sci", "fmt_hours", "fmt_count",
     "training_sites", "training_models", "device_types", "cuda_device", "location", "peak_flops",
-    "flops_summary",
+    "flops_summary", "EVIDENCE_SOURCES", "NOT_OBSERVABLE", "evidence_source",
 ]
 
 
@@ -114,25 +114,9 @@ def peak_flops(device_name: str | None, precision: str = "fp32") -> "tuple[str |
     """Look a GPU up by name in diag's catalogue: ``(catalogue id, dense peak FLOP/s per device for
     the precision, note)``; the peak is None (and the note says why) when the catalogue has no figure.
     Judged in diag's process, so a corrected catalogue re-judges saved evidence."""
-    if not device_name:
-        return None, None, "the device name was not recorded"
-    from diag.cost.catalog import load_catalog
-    from diag.errors import DiagError
+    from diag.cost.measured import peak_for
 
-    note = None
-    try:
-        cat = load_catalog()
-    except DiagError as e:
-        cat = load_catalog(user=False)
-        note = f"your GPU catalogue was not used ({e.message})"
-    gpu = cat.match_device(device_name)
-    if gpu is None:
-        return None, None, (f"{device_name!r} is not in the GPU catalogue: add it to "
-                            "~/.config/diag/gpus.toml for MFU")
-    peak = gpu.peak_flops(precision, per="device")
-    if peak is None:
-        return gpu.id, None, f"{gpu.name} has no dense {precision} rate in the catalogue"
-    return gpu.id, peak, note
+    return peak_for(device_name, precision)
 
 
 def flops_summary(r: RankEvidence) -> "tuple[dict, dict] | None":
@@ -140,23 +124,11 @@ def flops_summary(r: RankEvidence) -> "tuple[dict, dict] | None":
     where ``measured`` is ``r.flops['measured']`` with ``gpu``, ``peak_flops`` and ``peak_note`` looked
     up now from the recorded device name (evidence from older probes that stored a peak keeps it
     when the catalogue has none), and ``summary`` holds step_s, steps_timed, model_flops_per_s,
-    mfu, hfu, samples_per_s, tokens_per_s, overhead_ratio. None when no FLOPs were measured."""
-    from diag.cost.measured import summarize, timed_totals
+    mfu, hfu, samples_per_s, tokens_per_s, overhead_ratio. None when no FLOPs were measured.
+    The same computation as ``diag cost`` and ``diag compare`` (diag.cost.measured.judge_rank)."""
+    from diag.cost.measured import judge_rank
 
-    flops = r.flops if isinstance(r.flops, dict) else {}
-    measured = flops.get("measured")
-    if not isinstance(measured, dict) or not measured.get("flops"):
-        return None
-    m = dict(measured)
-    if m.get("device") == "cpu" or (not m.get("device_name") and m.get("device") in (None, "cpu")):
-        m.setdefault("peak_note", "CPU run: the catalogue has no CPU peaks, so MFU is N/A")
-    elif m.get("device_name"):
-        gpu_id, peak, note = peak_flops(m.get("device_name"), m.get("precision") or "fp32")
-        if peak is not None or not m.get("peak_flops"):
-            m["gpu"], m["peak_flops"], m["peak_note"] = gpu_id or m.get("gpu"), peak, note
-    totals = timed_totals((s.index, s.total_s, s.instrumented) for s in r.steps)
-    instrumented = [s.total_s for s in r.steps if s.instrumented]
-    return m, summarize(m, totals, instrumented)
+    return judge_rank(r)
 
 
 def cuda_training(why: str = "the check is about CUDA training.") -> Precondition:
@@ -245,6 +217,48 @@ def _finished(ctx: Context):
 finished = Precondition("finished", _finished)
 
 
+# ---- what a check can observe ---------------------------------------------------------------------
+# Evidence comes from one of two sources (``run.source``). A check declares the ones it can judge
+# (``@check(..., sources=[...])``); on evidence from another source the registry reports it
+# ``skipped`` with the reason below, or leaves it out when another check answers under its id
+# (``replaces=``). Without ``sources``, a check judges probe evidence, and attach evidence too when
+# every one of its ``needs`` is GPU telemetry (``gpu.*``: sampled the same way by both).
+
+EVIDENCE_SOURCES = {
+    "probe": "observed by the probe inside the script (diag check): steps and their phases, forwards, "
+             "optimizers, the allocator, GPU telemetry",
+    "attach": "sampled from outside a running job (diag attach): stack samples of the main thread and the "
+              "DataLoader workers, GPU telemetry; no step timing",
+}
+NOT_OBSERVABLE = "not observable by sampling"
+
+
+def evidence_source(ev: Evidence) -> str:
+    """Where the Evidence came from: ``"probe"`` or ``"attach"`` (``run.source``)."""
+    return getattr(ev.run, "source", None) or "probe"
+
+
+def _telemetry_only(needs: Iterable[str]) -> bool:
+    needs = list(needs)
+    return bool(needs) and all(n == "gpu" or n.startswith("gpu.") for n in needs)
+
+
+def source_unmet(spec: "Check", ev: Evidence) -> "tuple[str, dict] | None":
+    """The registry's first precondition: None when ``spec`` judges evidence from ``ev``'s source,
+    else ``(reason, evidence)`` for the ``skipped`` finding."""
+    src = evidence_source(ev)
+    if src in spec.judges:
+        return None
+    if src == "attach":
+        reads = ", ".join(spec.needs) or "what the probe records"
+        return (f"Not observable by sampling (it reads {reads}: diag check records it).",
+                {"reason": NOT_OBSERVABLE})
+    if tuple(spec.judges) == ("attach",):
+        return "Only evidence sampled from a running job (diag attach) has stack samples.", {}
+    return (f"It judges evidence from {' or '.join(spec.judges)}, and this evidence comes from {src}.",
+            {"evidence_source": src})
+
+
 # ---- the context ---------------------------------------------------------------------------------
 
 class Context:
@@ -276,11 +290,13 @@ class Context:
                 evidence: dict[str, Any] | None = None, why: str | None = None, fix: str | None = None,
                 snippet: str | None = None, location: "Location | dict | None" = None,
                 tags: Iterable[str] = (), id: str | None = None, docs: str | None = None) -> Finding:
-        """A finding of this check; ``severity`` defaults to the check's declared severity."""
+        """A finding of this check; ``severity`` defaults to the check's declared severity, ``id`` to the
+        check's id (or the id it ``replaces``)."""
         sev = Severity(severity) if isinstance(severity, str) else (severity or Severity(self.spec.severity))
         if isinstance(location, dict):
             location = Location.from_dict(location)
-        return Finding(id=id or self.spec.id, severity=sev, title=title or self.spec.title, message=message,
+        return Finding(id=id or self.spec.replaces or self.spec.id, severity=sev, title=title or self.spec.title,
+                       message=message,
                        evidence=dict(evidence or {}), why=why, fix=fix, snippet=snippet, location=location,
                        docs=docs or self.spec.docs, check=self.spec.id, tags=list(tags))
 
@@ -297,17 +313,29 @@ class Context:
 
 def check(id: str, title: str, severity: str = "warning", *, requires: Iterable[Precondition] = (),
           needs: Iterable[str] = (), tags: Iterable[str] = (), docs: str | None = None,
-          description: str | None = None) -> Callable[[Callable], "Check"]:
+          description: str | None = None, sources: Iterable[str] | None = None,
+          replaces: str | None = None) -> Callable[[Callable], "Check"]:
     """Declare a check: ``id`` (dotted, unique), ``title`` (short), the ``severity`` it reports when
     it fires, the preconditions it ``requires``, and a ``docs`` link. The description shown by
     ``diag checks`` is the function's docstring. The decorated object can still be called with an
-    Evidence (``my_check(ev)`` returns its findings, as the registry would)."""
+    Evidence (``my_check(ev)`` returns its findings, as the registry would).
+
+    ``sources``: the kinds of Evidence it can judge (keys of :data:`EVIDENCE_SOURCES`; see there for
+    the default). ``replaces``: the id of a check this one stands in for on its ``sources`` (a
+    variant of ``dataloader.workers`` for sampled evidence): its findings carry that id, and the
+    registry leaves the other check out on those sources (and this one out on the others)."""
     Severity(severity)  # an unknown severity is an error at import time, not at run time
+    if sources is not None:
+        sources = list(sources)
+        unknown = [x for x in sources if x not in EVIDENCE_SOURCES]
+        if unknown or not sources:
+            raise ValueError(f"check {id!r}: sources must be among {sorted(EVIDENCE_SOURCES)}, got {sources}")
 
     def deco(func: Callable) -> Check:
         return Check(id=id, title=title, func=func, severity=severity, needs=list(needs), tags=list(tags),
                      description=(description or (func.__doc__ or "")).strip(), docs=docs,
-                     requires=list(requires), takes_context=True, module=func.__module__)
+                     requires=list(requires), takes_context=True, module=func.__module__,
+                     sources=sources, replaces=replaces)
 
     return deco
 
@@ -327,6 +355,16 @@ class Check:
     requires: list[Precondition] = field(default_factory=list)
     takes_context: bool = False        # False: a legacy check, a function of the Evidence
     module: str | None = None
+    sources: list[str] | None = None   # the evidence sources it judges (None: see `judges`)
+    replaces: str | None = None        # the check id it stands in for on its sources
+
+    @property
+    def judges(self) -> tuple[str, ...]:
+        """The evidence sources this check judges: the declared ``sources``; by default probe evidence,
+        and attach evidence too when every ``needs`` is GPU telemetry."""
+        if self.sources:
+            return tuple(self.sources)
+        return ("probe", "attach") if _telemetry_only(self.needs) else ("probe",)
 
     @property
     def __diag_check__(self) -> "Check":
@@ -337,6 +375,7 @@ class Check:
             "id": self.id, "title": self.title, "severity": self.severity, "needs": self.needs,
             "tags": self.tags, "description": self.description, "docs": self.docs,
             "source": self.source, "requires": [p.name for p in self.requires],
+            "judges": list(self.judges), "replaces": self.replaces,
         }
 
     def __call__(self, evidence: Evidence) -> list[Finding]:

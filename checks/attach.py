@@ -3,12 +3,16 @@
 Stack samples give shares of time per phase, not timings, so these checks judge shares with their
 confidence (the number of samples). Three kinds:
 
-* ``run.hung`` and ``attach.phases``: new ids, for attached evidence only (skipped otherwise).
+* ``run.hung`` and ``attach.phases``: new ids, for attached evidence only (``sources=["attach"]``: the
+  registry reports them skipped on the probe's evidence).
 * Attach variants of the usual ids (``dataloader.workers``, ``sync.host-device``,
-  ``gpu.low-utilization``, ``distributed.straggler``): each is registered under an ``attach.*`` spec id
-  and yields its finding under the usual id, for attached evidence only; on the probe's evidence it
-  yields nothing (the probe's own check answers). ``diag attach`` (diag.attach.judge) keeps the attach
-  variant and marks every other check that needs what sampling cannot see as ``skipped``.
+  ``gpu.low-utilization``, ``distributed.straggler``): each is registered under an ``attach.*`` id and
+  declared with ``replaces=`` the usual id, so on attached evidence it answers under the usual id in
+  place of the probe's check, and on the probe's evidence the probe's check answers.
+
+Every other check that reads what only the probe records is reported ``skipped`` "Not observable by
+sampling" by the registry itself (see ``sources`` in diag.checks.api), for ``diag attach`` and
+``diag check --from`` alike.
 
 The attach section of a rank (``rank.extras["attach"]``) is documented in docs/attach.md.
 """
@@ -16,15 +20,7 @@ from __future__ import annotations
 
 import math
 
-from diag.findings import Finding, Location, Severity
-from diag.registry import check
-
-from ._util import pct
-
-
-def skipped(cid: str, title: str, reason: str) -> Finding:
-    """A skipped result (the helper this module used from _util before the checks API moved)."""
-    return Finding(id=cid, severity=Severity.SKIPPED, title=title, message=reason)
+from diag.checks.api import Location, Severity, check, fmt_pct as pct
 
 DOCS = "docs/attach.md"
 DATA_WARN = 0.25        # share of main-thread samples waiting for the DataLoader
@@ -35,10 +31,6 @@ WORKERS_SATURATED = 0.80   # busy share / CPU fraction of a worker
 WORKERS_IDLE = 0.30
 GPU_LOW_UTIL = 50.0     # mean % over the window on the devices the job uses
 STRAGGLER_GAP = 0.20    # the others wait this much more (share of samples) than the odd rank
-
-
-def _sampled(ev) -> bool:
-    return getattr(ev.run, "source", "probe") == "attach"
 
 
 def _att(rank) -> dict:
@@ -74,24 +66,18 @@ def _label(ev, r) -> str:
     return f"rank {r.rank}" if ev.multi_rank else f"PID {_att(r).get('pid', r.pid)}"
 
 
-def _not_attached(cid: str, title: str):
-    return skipped(cid, title, "Only evidence sampled from a running job (diag attach) has stack samples.")
-
-
 # ---- new ids ------------------------------------------------------------------------------------------
 
 @check(id="run.hung", title="The job is stuck", severity="error", needs=["ranks.extras.attach.main"],
-       tags=["run", "attach"], docs=DOCS)
-def run_hung(ev):
+       tags=["run", "attach"], docs=DOCS, sources=["attach"])
+def run_hung(ctx):
     """The main thread of a sampled process showed the same stack for the whole window (every sample,
     1 in 100 excepted; not a ``sleep``): the job is stuck there (a lock, a blocking
     queue get, a collective that another rank never joins). Error, with the line, what it waits on
     and for how long at least. Warning when the stack moved but no step-like cycle (data -> forward ->
     backward -> optimizer and back) was seen in the window."""
-    cid, title = "run.hung", "The job is stuck"
-    if not _sampled(ev):
-        yield _not_attached(cid, title)
-        return
+    ev = ctx.evidence
+    title = "The job is stuck"
     stuck = []
     no_cycle = []
     ok = []
@@ -107,26 +93,26 @@ def run_hung(ev):
         else:
             ok.append((r, main))
     if not stuck and not no_cycle and not ok:
-        yield skipped(cid, title, "No sample of a main thread was taken.")
+        yield ctx.skip("No sample of a main thread was taken.", title=title)
         return
     cycling = [r for r, m in ok if (m.get("cycles") or 0) > 0]
     if stuck and cycling:
         # one stack for the whole window on some ranks while another rank completes steps: they wait
         # for it at the next collective (DDP's all-reduce in backward): slow, not hung
         waiting = ", ".join(_label(ev, r) for r, _ in stuck)
-        yield Finding(id=cid, severity=Severity.PASS, title="The job is making progress",
+        yield ctx.finding(severity=Severity.PASS, title="The job is making progress",
                       message=f"{waiting} spent the whole window at one place while "
-                              f"{', '.join(_label(ev, r) for r in cycling)} kept stepping: they wait for it "
-                              "(see distributed.straggler).",
+                          f"{', '.join(_label(ev, r) for r in cycling)} kept stepping: they wait for it "
+                          "(see distributed.straggler).",
                       evidence={"waiting_ranks": [r.rank for r, _ in stuck],
-                                "moving_ranks": [r.rank for r in cycling]})
+                            "moving_ranks": [r.rank for r in cycling]})
         return
     busy = [(r, s) for r, s in stuck if (_att(r).get("cpu_percent") or 0) >= 50
             and s.get("phase") in ("forward", "backward", "optimizer", "evaluation", "data", "other")]
     if stuck and len(busy) == len(stuck) and not ev.multi_rank:
         r, s = busy[0]
-        yield Finding(
-            id=cid, severity=Severity.WARNING, title="One call for the whole window",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="One call for the whole window",
             message=f"{_label(ev, r)} spent the whole window ({s.get('seconds_at_least'):g} s) in one call at "
                     f"{_where(s.get('where'))} while using {_att(r).get('cpu_percent'):.0f}% CPU: a single very "
                     "long operation or a busy loop, not a wait.",
@@ -158,8 +144,8 @@ def run_hung(ev):
                       "the likely cause)"
         r0, s0 = stuck[0]
         secs = max((s.get("seconds_at_least") or 0) for _, s in stuck)
-        yield Finding(
-            id=cid, severity=Severity.ERROR, title=title,
+        yield ctx.finding(
+            severity=Severity.ERROR, title=title,
             message=f"No progress for at least {secs:g} s: " + "; ".join(parts) + "."
                     + (f" Odd one out: {odd}." if odd else ""),
             evidence={"ranks": [{"rank": r.rank, "pid": _att(r).get("pid"), "where": s.get("where"),
@@ -177,8 +163,8 @@ def run_hung(ev):
     if no_cycle:
         r, main = no_cycle[0]
         top = (main.get("hot_lines") or [None])[0]
-        yield Finding(
-            id=cid, severity=Severity.WARNING, title="No training step seen",
+        yield ctx.finding(
+            severity=Severity.WARNING, title="No training step seen",
             message=f"{_label(ev, r)} moved but went through no step-like cycle in "
                     f"{_att(r).get('window_s', 0):g} s; its hottest line is {_where(top)}.",
             evidence={"rank": r.rank, "cycles": main.get("cycles"), "phases": main.get("phases"),
@@ -190,35 +176,34 @@ def run_hung(ev):
         )
         return
     cycles = sum(m.get("cycles") or 0 for _, m in ok)
-    yield Finding(id=cid, severity=Severity.PASS, title="The job is making progress",
+    yield ctx.finding(severity=Severity.PASS, title="The job is making progress",
                   message=f"The main thread moved through {cycles} step-like cycle(s) in the window.",
                   evidence={"cycles": cycles})
 
 
 @check(id="attach.phases", title="Where the time goes (sampled)", severity="info",
-       needs=["ranks.extras.attach.main.phases"], tags=["attach", "performance"], docs=DOCS)
-def attach_phases(ev):
+       needs=["ranks.extras.attach.main.phases"], tags=["attach", "performance"], docs=DOCS,
+       sources=["attach"])
+def attach_phases(ctx):
     """The share of the main thread's samples in each phase (data, forward, backward, optimizer,
     evaluation, sync, collective, checkpoint, logging, other) with a 95% margin from the number of
     samples, and the user's hottest lines. Information: the other checks judge it."""
-    cid, title = "attach.phases", "Where the time goes (sampled)"
-    if not _sampled(ev):
-        yield _not_attached(cid, title)
-        return
+    ev = ctx.evidence
+    title = "Where the time goes (sampled)"
     for r in ev.ranks:
         a = _att(r)
         main = a.get("main") or {}
         n = int(main.get("samples") or 0)
         if n == 0:
-            yield skipped(cid, title, f"No sample of {_label(ev, r)}'s main thread was taken.")
+            yield ctx.skip(f"No sample of {_label(ev, r)}'s main thread was taken.", title=title)
             continue
         ph = main.get("phases") or {}
         ranked = sorted(((p, d.get("share", 0.0)) for p, d in ph.items()), key=lambda x: -x[1])
         text = ", ".join(f"{p} {pct(s)}" for p, s in ranked if s >= 0.01)
         top = (main.get("hot_lines") or [None])[0]
         dom, dom_share = ranked[0] if ranked else ("other", 0.0)
-        yield Finding(
-            id=cid, severity=Severity.INFO, title=title,
+        yield ctx.finding(
+            severity=Severity.INFO, title=title,
             message=f"{_label(ev, r)}: {text} of {n} samples (± {pct(_margin(dom_share, n))} on the largest)"
                     + (f"; hottest line {_where(top)} ({pct(top['share'])})" if top else "") + ".",
             evidence={"rank": r.rank, "samples": n, "phases": ph, "dominant": dom,
@@ -235,21 +220,20 @@ def attach_phases(ev):
 
 @check(id="attach.dataloader-workers", title="Training waits for data (sampled)", severity="warning",
        needs=["ranks.extras.attach.main.phases", "ranks.extras.attach.workers"], tags=["data", "attach"],
-       docs=DOCS)
-def attach_dataloader_workers(ev):
+       docs=DOCS, sources=["attach"], replaces="dataloader.workers")
+def attach_dataloader_workers(ctx):
     """Reported as ``dataloader.workers`` for attached evidence. The share of main-thread samples
     waiting on the DataLoader (warning >= 25%, info >= 10%), with what the workers do: saturated
     (busy >= 80% of their samples or CPU) -> more workers or cheaper transforms; idle -> the main
     process is the slow side; no workers -> batches are built in the main process (num_workers=0)."""
-    cid, title = "dataloader.workers", "Training waits for data"
-    if not _sampled(ev):
-        return
+    ev = ctx.evidence
+    title = "Training waits for data"
     for r in ev.ranks:
         a = _att(r)
         main = a.get("main") or {}
         n = int(main.get("samples") or 0)
         if n == 0 or main.get("stuck"):
-            yield skipped(cid, title, f"{_label(ev, r)}: no moving main thread to judge (see run.hung).")
+            yield ctx.skip(f"{_label(ev, r)}: no moving main thread to judge (see run.hung).", title=title)
             continue
         data = _share(main, "data")
         workers = a.get("workers") or []
@@ -272,7 +256,7 @@ def attach_dataloader_workers(ev):
             msg = f"{_label(ev, r)} waits for data in {pct(data)} of {n} samples"
             if idle:
                 msg += f"; its {wtext}: the workers keep up, the main process is the slow side"
-            yield Finding(id=cid, severity=Severity.PASS, title="Data keeps up", message=msg + ".",
+            yield ctx.finding(severity=Severity.PASS, title="Data keeps up", message=msg + ".",
                           evidence=numbers)
             continue
         sev = Severity.WARNING if data >= DATA_WARN else Severity.INFO
@@ -298,40 +282,40 @@ def attach_dataloader_workers(ev):
                    "the workers are not the limit (transfer of large batches, pin_memory thread, or a "
                    "prefetch_factor too small).")
             fix = "Raise prefetch_factor, check the size of each batch sent from workers, use pin_memory=True."
-        yield Finding(id=cid, severity=sev, title=title, message=msg, evidence=numbers,
+        yield ctx.finding(severity=sev, title=title, message=msg, evidence=numbers,
                       why="While the main process waits for a batch, the GPU has nothing queued.",
                       fix=fix, location=_loc(data_lines[0] if data_lines else None))
 
 
 @check(id="attach.sync-host-device", title="Host-device synchronisations (sampled)", severity="warning",
-       needs=["ranks.extras.attach.main.sync_lines"], tags=["gpu", "attach"], docs=DOCS)
-def attach_sync(ev):
+       needs=["ranks.extras.attach.main.sync_lines"], tags=["gpu", "attach"], docs=DOCS,
+       sources=["attach"], replaces="sync.host-device")
+def attach_sync(ctx):
     """Reported as ``sync.host-device`` for attached evidence. The share of main-thread samples on a
     line of the user's that reads a value back from the device (``.item()``, ``.cpu()``,
     ``.tolist()``, ``.numpy()``, ``torch.cuda.synchronize()``, ``.nonzero()``): on CUDA the host waits
     there for the GPU. Warning >= 10% of samples, info >= 2%. Synchronisations hidden inside library
     code (a ``print`` of a tensor, a Python ``if`` on a CUDA value) are not recognisable from a stack."""
-    cid, title = "sync.host-device", "Host-device synchronisations every step"
-    if not _sampled(ev):
-        return
+    ev = ctx.evidence
+    title = "Host-device synchronisations every step"
     for r in ev.ranks:
         main = _att(r).get("main") or {}
         n = int(main.get("samples") or 0)
         if n == 0 or main.get("stuck"):
-            yield skipped(cid, title, f"{_label(ev, r)}: no moving main thread to judge (see run.hung).")
+            yield ctx.skip(f"{_label(ev, r)}: no moving main thread to judge (see run.hung).", title=title)
             continue
         share = _share(main, "sync")
         lines = main.get("sync_lines") or []
         numbers = {"rank": r.rank, "sync_share": round(share, 4), "samples": n, "lines": lines[:5],
                    "margin_95": round(_margin(share, n), 4)}
         if share < SYNC_INFO:
-            yield Finding(id=cid, severity=Severity.PASS, title="No visible synchronisation",
+            yield ctx.finding(severity=Severity.PASS, title="No visible synchronisation",
                           message=f"{_label(ev, r)}: {pct(share)} of {n} samples on lines that read values back "
-                                  "from the device.", evidence=numbers)
+                              "from the device.", evidence=numbers)
             continue
         where = "; ".join(f"{_where(x)} {pct(x['share'])}" for x in lines[:3])
-        yield Finding(
-            id=cid, severity=Severity.WARNING if share >= SYNC_WARN else Severity.INFO, title=title,
+        yield ctx.finding(
+            severity=Severity.WARNING if share >= SYNC_WARN else Severity.INFO, title=title,
             message=f"{_label(ev, r)} spends {pct(share)} of {n} samples on lines that synchronise with the "
                     f"device: {where}.",
             evidence=numbers,
@@ -342,18 +326,17 @@ def attach_sync(ev):
 
 @check(id="attach.gpu-low-utilization", title="GPUs underused (sampled)", severity="warning",
        needs=["gpu.devices.series", "gpu.devices.used_by_run", "ranks.extras.attach.main.phases"],
-       tags=["gpu", "attach"], docs=DOCS)
-def attach_gpu_low_util(ev):
+       tags=["gpu", "attach"], docs=DOCS, sources=["attach"], replaces="gpu.low-utilization")
+def attach_gpu_low_util(ctx):
     """Reported as ``gpu.low-utilization`` for attached evidence: mean NVML utilisation over the window
     on the GPUs the job's processes use (all GPUs when they cannot be matched) below 50%, with the
     phase the main thread spent most time in outside forward/backward/optimizer as the likely cause."""
-    cid, title = "gpu.low-utilization", "GPUs underused during training"
-    if not _sampled(ev):
-        return
+    ev = ctx.evidence
+    title = "GPUs underused during training"
     g = ev.gpu or {}
     devices = [d for d in g.get("devices") or [] if not d.get("lost")]
     if not devices:
-        yield skipped(cid, title, f"No GPU telemetry during the window ({g.get('reason') or 'no GPU'}).")
+        yield ctx.skip(f"No GPU telemetry during the window ({g.get('reason') or 'no GPU'}).", title=title)
         return
     used = [d for d in devices if d.get("used_by_run")]
     pool = used or devices
@@ -363,7 +346,7 @@ def attach_gpu_low_util(ev):
         if vals:
             utils.append(sum(vals) / len(vals))
     if not utils:
-        yield skipped(cid, title, "NVML gave no utilisation values during the window.")
+        yield ctx.skip("NVML gave no utilisation values during the window.", title=title)
         return
     mean = sum(utils) / len(utils)
     sim = " (simulated GPUs)" if g.get("simulated") else ""
@@ -379,11 +362,11 @@ def attach_gpu_low_util(ev):
     numbers = {"mean_util": round(mean, 1), "devices": [d.get("index") for d in pool], "matched": bool(used),
                "cause_phase": cause, "cause_share": round(best, 4), "simulated": bool(g.get("simulated"))}
     if mean >= GPU_LOW_UTIL:
-        yield Finding(id=cid, severity=Severity.PASS, title="GPUs busy",
+        yield ctx.finding(severity=Severity.PASS, title="GPUs busy",
                       message=f"Mean utilisation {mean:.0f}% on {matched}{sim} during the window.", evidence=numbers)
         return
-    yield Finding(
-        id=cid, severity=Severity.WARNING, title=title,
+    yield ctx.finding(
+        severity=Severity.WARNING, title=title,
         message=f"Mean utilisation {mean:.0f}% on {matched}{sim} during the window"
                 + (f"; the main thread spent {pct(best)} of its samples in {cause}" if cause else "") + ".",
         evidence=numbers,
@@ -392,23 +375,23 @@ def attach_gpu_low_util(ev):
 
 
 @check(id="attach.distributed-straggler", title="One rank holds the others back (sampled)", severity="warning",
-       needs=["ranks.extras.attach.main.phases"], tags=["distributed", "attach"], docs=DOCS)
-def attach_straggler(ev):
+       needs=["ranks.extras.attach.main.phases"], tags=["distributed", "attach"], docs=DOCS,
+       sources=["attach"], replaces="distributed.straggler")
+def attach_straggler(ctx):
     """Reported as ``distributed.straggler`` for attached evidence with several ranks (``--job``): the
     share of each rank's samples spent waiting for the others (collectives, and backward under DDP
     where the gradient all-reduce waits); a rank that waits at least 20 points less than the median of
     the others is the straggler, named with what it does instead (its dominant phase and line). A
     rank whose backward is genuinely slower than its peers' (unequal shards) is not told apart from
     one that waits in backward: the gap then stays small and the check passes."""
-    cid, title = "distributed.straggler", "One rank holds the others back"
-    if not _sampled(ev):
-        return
+    ev = ctx.evidence
+    title = "One rank holds the others back"
     ranks = [r for r in ev.ranks if (_att(r).get("main") or {}).get("samples")]
     if len(ranks) < 2:
-        yield skipped(cid, title, "Needs two or more sampled ranks (diag attach --job LAUNCHER_PID).")
+        yield ctx.skip("Needs two or more sampled ranks (diag attach --job LAUNCHER_PID).", title=title)
         return
     if not any((_att(r).get("main") or {}).get("cycles") for r in ranks):
-        yield skipped(cid, title, "No rank completed a step-like cycle in the window (see run.hung).")
+        yield ctx.skip("No rank completed a step-like cycle in the window (see run.hung).", title=title)
         return
     waits = {}
     for r in ranks:
@@ -425,13 +408,13 @@ def attach_straggler(ev):
     numbers = {"wait_share": {str(k): round(v, 4) for k, v in waits.items()}, "odd_rank": odd.rank,
                "gap": round(med - waits[odd.rank], 4), "odd_dominant_phase": dom, "odd_hot_line": top}
     if med - waits[odd.rank] < STRAGGLER_GAP:
-        yield Finding(id=cid, severity=Severity.PASS, title="Ranks keep pace",
+        yield ctx.finding(severity=Severity.PASS, title="Ranks keep pace",
                       message="Every rank waits for the others in a similar share of its samples ("
-                              + ", ".join(f"rank {k} {pct(v)}" for k, v in sorted(waits.items())) + ").",
+                          + ", ".join(f"rank {k} {pct(v)}" for k, v in sorted(waits.items())) + ").",
                       evidence=numbers)
         return
-    yield Finding(
-        id=cid, severity=Severity.WARNING, title=title,
+    yield ctx.finding(
+        severity=Severity.WARNING, title=title,
         message=f"rank {odd.rank} is the straggler: the other ranks wait for it in {pct(med)} of their samples "
                 f"(rank {odd.rank}: {pct(waits[odd.rank])}), while it spends {pct(ph.get(dom, {}).get('share', 0))} "
                 f"in {dom}" + (f", hottest at {_where(top)}" if top else "") + ".",

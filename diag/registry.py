@@ -12,6 +12,12 @@ Nothing a check or a plugin does takes diag down: an exception of any kind (``Sy
 ``KeyboardInterrupt`` included) while importing or running becomes a ``crashed`` finding with the
 reason, a check that runs past its time limit (``DIAG_CHECK_TIMEOUT`` seconds, default 5) is reported
 ``crashed`` and left behind, and a check id declared twice is reported naming both packages.
+
+Evidence from ``diag check`` (the probe) and from ``diag attach`` (sampled stacks) runs through the same
+registry: a check runs only on the evidence sources it judges (``Check.judges``, declared with
+``@check(sources=...)``) and is reported ``skipped`` with why on the others, for instance "Not
+observable by sampling"; a check that ``replaces`` another answers under its id on its sources, and
+the pair never both report.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ import types
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from diag.checks.api import Check, Context
+from diag.checks.api import Check, Context, evidence_source, source_unmet
 from diag.errors import DiagError
 from diag.findings import Finding, Severity
 
@@ -215,7 +221,14 @@ class Registry:
         for info in pkgutil.iter_modules(pkg.__path__):
             if info.name.startswith("_") or info.name == "api":
                 continue
-            mod = importlib.import_module(f"diag.checks.{info.name}")
+            try:
+                mod = importlib.import_module(f"diag.checks.{info.name}")
+            except Exception as e:   # a broken built-in module is a crashed result, never diag's traceback
+                self.problems.append(LoadProblem(
+                    f"diag.checks.{info.name} (built-in)", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__,
+                    title="A built-in check module failed to load",
+                    fix="This is a bug in diag: please report it with this message; the other checks still ran."))
+                continue
             self._add([s for s in _specs_in(mod, "builtin") if s.id not in owner], owner)
 
     def _timeout(self) -> float | None:
@@ -227,7 +240,7 @@ class Registry:
         select = [s for s in select if s]
         ignore = [s for s in ignore if s]
         for pattern in list(select) + list(ignore):
-            if not any(_matches(spec.id, pattern) for spec in self.specs):
+            if not any(_selected(spec, pattern) for spec in self.specs):
                 known = ", ".join(sorted({s.id.split(".")[0] for s in self.specs}))
                 raise DiagError(
                     f"no check matches {pattern!r} (check ids start with: {known}); "
@@ -235,9 +248,9 @@ class Registry:
                 )
         specs = self.specs
         if select:
-            specs = [s for s in specs if any(_matches(s.id, p) for p in select)]
+            specs = [s for s in specs if any(_selected(s, p) for p in select)]
         if ignore:
-            specs = [s for s in specs if not any(_matches(s.id, p) for p in ignore)]
+            specs = [s for s in specs if not any(_selected(s, p) for p in ignore)]
         out = Registry(specs)
         out.problems = self.problems
         out.plugins = self.plugins
@@ -249,6 +262,8 @@ class Registry:
         timeout = self._timeout()
         findings: list[Finding] = []
         for spec in self.specs:
+            if self.answered_by_another(spec, evidence):
+                continue
             findings.extend(dedupe(run_one(spec, evidence, timeout=timeout)))
         for p in self.problems:
             findings.append(Finding(
@@ -258,6 +273,21 @@ class Registry:
                 fix=p.fix,
             ))
         return findings
+
+    def answered_by_another(self, spec: Check, evidence) -> bool:
+        """True when ``spec`` does not judge this evidence's source and another check in the registry
+        answers under the same id for it (a ``replaces`` pair): ``spec`` is then left out."""
+        src = evidence_source(evidence)
+        if src in spec.judges:
+            return False
+        if spec.replaces and any(s.id == spec.replaces and src in s.judges for s in self.specs):
+            return True
+        return any(s.replaces == spec.id and src in s.judges for s in self.specs)
+
+
+def _selected(spec: Check, pattern: str) -> bool:
+    """A pattern selects a check by its id, or by the id it reports under (``replaces``)."""
+    return _matches(spec.id, pattern) or (spec.replaces is not None and _matches(spec.replaces, pattern))
 
 
 def dedupe(findings: list[Finding]) -> list[Finding]:
@@ -297,10 +327,14 @@ def _crashed(spec: Check, message: str, tb: str = "") -> list[Finding]:
 
 
 def _execute(spec: Check, evidence) -> list:
-    """Preconditions, then the check; its findings as a list (not yet validated)."""
+    """The evidence source, the preconditions, then the check; its findings as a list (not yet validated)."""
+    ctx = Context(spec, evidence)
+    unmet = source_unmet(spec, evidence)
+    if unmet is not None:
+        reason, numbers = unmet
+        return [ctx.finding(reason, Severity.SKIPPED, evidence=numbers)]
     if not spec.takes_context:
         return list(spec.func(evidence) or [])
-    ctx = Context(spec, evidence)
     for pre in spec.requires:
         unmet = pre(ctx)
         if unmet is not None:

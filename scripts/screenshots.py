@@ -5,7 +5,10 @@ simulated GPUs (labelled so on screen).
     .venv/bin/python scripts/screenshots.py                  # run the demo, write screenshots/*.svg and *.png
     .venv/bin/python scripts/screenshots.py --from tests/fixtures/tui/evidence.json   # no run: a saved one
     .venv/bin/python scripts/screenshots.py --no-png
+    .venv/bin/python scripts/screenshots.py --html-only      # only screenshots/report-html.png (runs the demo)
 
+The HTML report's screenshot (screenshots/report-html.png) is `diag check --format html` of the same run,
+opened in headless Chromium (the Debian package chromium; scripts/install-browser.sh installs it).
 PNG needs cairosvg (in the [test] extra). The SVGs name the Fira Code font; the PNGs are rendered with
 DejaVu Sans Mono (a monospace font with the block characters the bars use).
 """
@@ -78,12 +81,55 @@ async def _shoot(app, shots: list[tuple[str, str, tuple[int, int]]], out: Path, 
     return written
 
 
+def _run_demo(workdir: Path, scenario: str):
+    """The bundled demo, run headless as `diag check` runs it (copied into a project as train.py, with
+    simulated GPUs and the memory plan for an H100, as the TUI screenshots' run)."""
+    import shutil
+
+    from diag.commands.tui import memory_plan_env
+    from diag.runner import Run, RunConfig
+
+    os.chdir(workdir)
+    shutil.copy(REPO / "diag" / "demo" / "planted.py", workdir / "train.py")
+    run = Run(RunConfig(script=str(workdir / "train.py"), echo=None, simulate_gpus=scenario, gpu_interval=0.5,
+                        env=memory_plan_env("h100")))
+    print("running the demo for the HTML report ...")
+    run.start()
+    run.wait()
+    return run.evidence
+
+
+def _html_shot(evidence, out: Path) -> Path | None:
+    """screenshots/report-html.png: the HTML report of ``evidence`` (what `diag check --format html`
+    writes), opened in headless Chromium."""
+    from diag.commands.check import exit_code_for
+    from diag.registry import Registry
+    from diag.report.browser import find_chromium, render, screenshot
+    from diag.report.html import render_html
+
+    if not find_chromium():
+        print("no Chromium: screenshots/report-html.png not made (scripts/install-browser.sh installs it)",
+              file=sys.stderr)
+        return None
+    findings = Registry.discover().run(evidence)
+    page = Path(tempfile.mkdtemp(prefix="diag-html-")) / "report.html"
+    page.write_text(render_html(evidence, findings, exit_code_for(evidence, findings, "error")), encoding="utf-8")
+    status = render(page)
+    if not status.ok:
+        raise SystemExit(f"screenshots: the HTML report did not render cleanly: {status.errors or status.console_errors}")
+    png = screenshot(page, out / "report-html.png", window=(1280, 2400))
+    print(f"  {_rel(png)} (rendered in {status.body.get('data-render-ms')} ms, {page.stat().st_size:,} bytes)")
+    return png
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="from_", help="use a saved evidence.json instead of running the demo")
     ap.add_argument("--out", default=str(REPO / "screenshots"))
     ap.add_argument("--scenario", default="healthy-8", help="simulated GPU scenario (default: healthy-8)")
     ap.add_argument("--no-png", action="store_true")
+    ap.add_argument("--html-only", action="store_true",
+                    help="only the HTML report's screenshot (no TUI); runs the demo headless unless --from")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -95,6 +141,15 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="diag-screenshots-"))
     run_box: dict = {}
+    if args.html_only:
+        if args.from_:
+            from diag.evidence import load_evidence
+
+            evidence = load_evidence(args.from_)
+        else:
+            evidence = _run_demo(workdir, args.scenario)
+        _html_shot(evidence, out)
+        return 0
 
     if args.from_:
         from diag.evidence import load_evidence
@@ -162,6 +217,9 @@ def main() -> int:
 
     written += asyncio.run(_shoot(monitor_app, [("tui-monitor-gpus-mig", "gpus", SIZE),
                                                 ("tui-monitor-cost", "cost", SIZE)], out, monitor_ready))
+    evidence = run_box["run"].evidence if "run" in run_box else (load_evidence(args.from_) if args.from_ else None)
+    if evidence is not None:
+        _html_shot(evidence, out)
     if not args.no_png:
         for p in written:
             png = _png(p)

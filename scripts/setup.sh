@@ -2,7 +2,8 @@
 # Set up diag's virtual environment at .venv (idempotent; quick when already done).
 #
 #   scripts/setup.sh          runtime dependencies
-#   scripts/setup.sh test     runtime + test dependencies
+#   scripts/setup.sh test     runtime + test dependencies (and, as root with apt, headless Chromium for
+#                             the HTML report's browser test: scripts/install-browser.sh)
 #   (both install the 'attach' extra: py-spy, for diag attach PID)
 #
 # torch: a torch that is already importable (for example a CUDA build in the Python you run this
@@ -56,4 +57,7 @@ target=".[attach]"
 [ "$extras" = "test" ] && target=".[test,attach]"
 echo "setup: installing diag (editable) and its dependencies into $VENV" >&2
 run_pip install -e "$target"
+if [ "$extras" = "test" ]; then
+  scripts/install-browser.sh || true    # the HTML report's browser test; skipped without a browser
+fi
 echo "$want" > "$stamp"

@@ -262,6 +262,13 @@ def _evidence(phases: dict, workers=(), stuck=None, cycles=5, ranks=1):
     return ev
 
 
+def judge(ev, select=(), ignore=()):
+    """What diag attach and diag check --from do: the one registry over the evidence."""
+    from diag.registry import Registry
+
+    return Registry.discover().select(select, ignore).run(ev)
+
+
 def _by_id(findings):
     out = {}
     for f in findings:
@@ -270,7 +277,6 @@ def _by_id(findings):
 
 
 def test_judge_saturated_workers():
-    from diag.attach.judge import judge
 
     ev = _evidence({"data": 0.6, "forward": 0.2, "backward": 0.2},
                    workers=[{"pid": 5, "busy_share": 0.97, "cpu_percent": 99.0, "top_frames": []}] * 2)
@@ -284,7 +290,6 @@ def test_judge_saturated_workers():
 
 
 def test_judge_idle_workers_main_slow():
-    from diag.attach.judge import judge
 
     ev = _evidence({"data": 0.02, "forward": 0.5, "backward": 0.48},
                    workers=[{"pid": 5, "busy_share": 0.05, "cpu_percent": 3.0, "top_frames": []}])
@@ -293,7 +298,6 @@ def test_judge_idle_workers_main_slow():
 
 
 def test_judge_stuck_is_error_and_select():
-    from diag.attach.judge import judge
     from diag.commands.check import exit_code_for
 
     stuck = {"where": {"file": "/home/u/train.py", "line": 9, "function": "f", "code": "q.get()"},
@@ -329,7 +333,6 @@ def test_from_rejects_probe_evidence(tmp_path, capsys):
 
 def test_gpu_low_utilization_from_simulated_telemetry():
     """The GPU side through diag.gpu: a window's telemetry from the simulated 'starved' scenario."""
-    from diag.attach.judge import judge
     from diag.gpu import SimulatedProvider
     from diag.gpu.sampler import Sampler
 
@@ -358,7 +361,6 @@ def test_stuck_in_a_collective_names_it():
 
 
 def test_hung_job_names_the_rank_stuck_elsewhere():
-    from diag.attach.judge import judge
 
     def stuck(line, waits):
         return {"where": {"file": "/home/u/train.py", "line": line, "function": "f", "code": "x"},

@@ -89,3 +89,80 @@ def test_mfu_is_judged_in_diag_from_the_recorded_device_name():
     assert h.evidence["peak_tflops"] == pytest.approx(500.0)
     (k,) = [x for x in reg.run(_mfu_evidence("Mystery Accelerator 9000", None)) if x.id == "cost.mfu"]
     assert k.severity is Severity.SKIPPED and "not in the GPU catalogue" in k.message
+
+
+# ---- evidence sources: what a check can observe (probe vs attach) ------------------------------------
+
+def _attach_evidence():
+    ev = EvidenceBuilder().steps(5, total_s=0.1).build()
+    ev.run.source = "attach"
+    return ev
+
+
+def test_a_check_judges_probe_evidence_by_default_and_is_skipped_on_sampled_evidence():
+    calls = []
+
+    @api.check(id="t.steps", title="steps", needs=["ranks.steps"])
+    def steps(ctx):
+        calls.append(1)
+        return ctx.passed("fine")
+
+    @api.check(id="t.telemetry", title="telemetry", needs=["gpu.devices"])
+    def telemetry(ctx):
+        return ctx.passed("fine")
+
+    assert steps.judges == ("probe",) and telemetry.judges == ("probe", "attach")
+    (f,) = run_check(steps, _attach_evidence())
+    assert f.severity is Severity.SKIPPED and calls == []          # never called on what it cannot see
+    assert f.message.startswith("Not observable by sampling") and "ranks.steps" in f.message
+    assert f.evidence["reason"] == api.NOT_OBSERVABLE
+    assert run_check(telemetry, _attach_evidence())[0].severity is Severity.PASS
+    assert run_check(steps, EvidenceBuilder().build())[0].severity is Severity.PASS
+
+
+def test_sources_are_validated_at_declaration():
+    with pytest.raises(ValueError):
+        api.check(id="t.bad", title="bad", sources=["py-spy"])
+    with pytest.raises(ValueError):
+        api.check(id="t.none", title="none", sources=[])
+
+
+def test_a_variant_replaces_a_check_on_its_sources_through_the_registry():
+    @api.check(id="t.x", title="X", needs=["ranks.steps"])
+    def x(ctx):
+        return ctx.finding("from the probe")
+
+    @api.check(id="t.x-sampled", title="X (sampled)", sources=["attach"], replaces="t.x")
+    def x_sampled(ctx):
+        return ctx.finding("from samples", title="X")
+
+    @api.check(id="t.only-sampled", title="only sampled", sources=["attach"])
+    def only_sampled(ctx):
+        return ctx.passed("seen")
+
+    reg = Registry([x, x_sampled, only_sampled])
+    on_attach = reg.run(_attach_evidence())
+    assert [(f.id, f.check, f.message) for f in on_attach if f.id == "t.x"] == [("t.x", "t.x-sampled", "from samples")]
+    assert [f.severity for f in on_attach if f.id == "t.only-sampled"] == [Severity.PASS]
+    on_probe = reg.run(EvidenceBuilder().build())
+    assert [(f.id, f.check, f.message) for f in on_probe if f.id == "t.x"] == [("t.x", "t.x", "from the probe")]
+    (skip,) = [f for f in on_probe if f.id == "t.only-sampled"]
+    assert skip.severity is Severity.SKIPPED and "diag attach" in skip.message
+    # selecting the usual id takes the variant too; ignoring the variant leaves the usual check skipped
+    assert {s.id for s in reg.select(["t.x"]).specs} == {"t.x", "t.x-sampled"}
+    (alone,) = [f for f in reg.select(ignore=["t.x-sampled"]).run(_attach_evidence()) if f.id == "t.x"]
+    assert alone.severity is Severity.SKIPPED and alone.check == "t.x"
+    # the catalogue says what each check judges
+    assert x_sampled.to_dict()["judges"] == ["attach"] and x_sampled.to_dict()["replaces"] == "t.x"
+
+
+def test_builtin_attach_variants_answer_under_the_usual_ids():
+    reg = Registry.discover(load_plugins=False)
+    by_id = {s.id: s for s in reg.specs}
+    for variant, usual in (("attach.dataloader-workers", "dataloader.workers"),
+                           ("attach.sync-host-device", "sync.host-device"),
+                           ("attach.gpu-low-utilization", "gpu.low-utilization"),
+                           ("attach.distributed-straggler", "distributed.straggler")):
+        assert by_id[variant].replaces == usual and by_id[variant].judges == ("attach",)
+        assert "probe" in by_id[usual].judges
+    assert by_id["run.hung"].judges == ("attach",) and by_id["gpu.lost"].judges == ("probe", "attach")

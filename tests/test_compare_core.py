@@ -12,6 +12,10 @@ from diag.evidence import DeviceInfo, Evidence, ModelInfo, RankEvidence, StepRec
 from diag.report import compare as rc
 
 
+H100 = "NVIDIA H100 80GB HBM3"
+H100_BF16 = 989e12     # dense bf16 FLOP/s, checked against the catalogue in test_mfu_is_judged_in_diag
+
+
 def _evidence(n=60, backward=0.004, seed=0, script="/w/train.py", batch=16, instrumented=(3,),
               persistent=1000, device="cpu", gpu=None, torch="2.13.0", mfu=None, first_t=2.0):
     rng = np.random.default_rng(seed)
@@ -37,7 +41,10 @@ def _evidence(n=60, backward=0.004, seed=0, script="/w/train.py", batch=16, inst
     r.step_stats.count = n
     r.memory = {"persistent": {"params": persistent, "grads": persistent, "optimizer_state": 0}}
     if mfu:
-        r.flops = {"achieved": {"mfu": mfu}}
+        # what the probe records (schema 2): FLOPs and the device's name; diag judges the MFU. The
+        # FLOPs are chosen for an MFU of about `mfu` at the nominal 12 ms step on an H100's bf16 peak.
+        r.flops = {"measured": {"flops": mfu * H100_BF16 * 0.012, "model_flops": mfu * H100_BF16 * 0.012,
+                                "precision": "bf16", "device": "cuda", "device_name": H100}}
     ev.ranks.append(r)
     return ev
 
@@ -95,6 +102,21 @@ def test_memory_growth_and_mfu():
     mfu = c.metric("mfu")
     assert mfu.method == "from step time" and mfu.verdict == "regression"
     assert set(c.to_dict()["regressions"]) == {"persistent_memory", "mfu"}
+
+
+def test_mfu_is_judged_in_diag_as_the_cost_check_does():
+    """The probe records FLOPs and the device name only: compare computes the MFU in diag's process
+    with the catalogue, through the same function as the cost.mfu check (flops_summary)."""
+    from diag.checks.api import flops_summary, peak_flops
+
+    assert peak_flops(H100, "bf16")[1] == pytest.approx(H100_BF16, rel=0.01)
+    ev = _evidence(seed=1, mfu=0.40)
+    scal = extract.export(ev)["scalars"]
+    _m, summary = flops_summary(ev.primary)
+    assert scal["mfu"] == pytest.approx(summary["mfu"]) and 0.3 < scal["mfu"] < 0.5
+    # a device the catalogue does not know: no MFU, never a made-up one
+    ev.primary.flops["measured"]["device_name"] = "Imaginary GPU 9000"
+    assert extract.export(ev)["scalars"]["mfu"] is None
 
 
 def test_findings_diff_new_gone_changed():

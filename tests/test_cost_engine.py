@@ -66,6 +66,17 @@ def test_from_evidence_and_same_gpu_extrapolation():
     assert e8.gpu_hours == pytest.approx(e.gpu_hours)
 
 
+def test_from_evidence_judges_the_peak_from_the_recorded_device_name():
+    """Schema 2: the probe stores no peak; diag cost looks it up as the cost.mfu check does."""
+    from diag.checks.api import flops_summary
+
+    ev = _evidence(gpu=None, peak=None)
+    del ev.primary.flops["measured"]["peak_note"]
+    m = from_evidence(ev)
+    assert m.gpu == "h100-sxm" and m.peak_flops == pytest.approx(H100_BF16, rel=0.01)
+    assert m.mfu == pytest.approx(flops_summary(ev.primary)[1]["mfu"]) and m.mfu == pytest.approx(0.1213, abs=2e-3)
+
+
 def test_other_gpu_uses_measured_flops_and_mfu():
     m = from_evidence(_evidence())
     e = estimate_measured(m, tokens=1e9, gpu="A100", count=4, catalog=CAT)

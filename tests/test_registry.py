@@ -41,3 +41,24 @@ def test_a_check_returning_garbage_is_crashed():
     spec = CheckSpec(id="t.bad", title="bad", func=lambda ev: ["not a finding"])
     out = run_one(spec, Evidence())
     assert out[0].severity is Severity.CRASHED and "not Finding" in out[0].message
+
+
+def test_a_broken_builtin_module_is_a_crashed_result_not_a_traceback(monkeypatch):
+    import importlib
+
+    from diag import registry as registry_mod
+    from diag.testing import EvidenceBuilder
+
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name == "diag.checks.eval":
+            raise ImportError("cannot import name 'gone' from 'diag.checks._util'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(registry_mod.importlib, "import_module", fake)
+    monkeypatch.setattr(registry_mod, "_is_builtin", lambda ep: False)   # only the tree scan finds built-ins
+    reg = Registry.discover(load_plugins=False)
+    crashed = [f for f in reg.run(EvidenceBuilder().build()) if f.severity is Severity.CRASHED]
+    assert any("diag.checks.eval" in f.message and "gone" in f.message for f in crashed)
+    assert "dataloader.workers" in {s.id for s in reg.specs}      # the other modules still load

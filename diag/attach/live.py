@@ -58,14 +58,14 @@ class AttachFeed(Source):
             return self._new
 
     def evaluate(self) -> Snapshot | None:
-        from diag.attach.judge import judge
         from diag.findings import sort_findings
+        from diag.registry import Registry
 
         with self._lock:
             ev, self._new = self._evidence, False
         if ev is None:
             return None
-        return Snapshot(ev, sort_findings(judge(ev)), final=False)
+        return Snapshot(ev, sort_findings(Registry.discover().run(ev)), final=False)
 
     def min_interval(self, refresh_s: float) -> float:
         return refresh_s

@@ -108,7 +108,9 @@ def render_text(evidence, findings, console: Console, verbose: bool = False) -> 
         if f.severity.rank >= Severity.INFO.rank:
             console.print(render_finding(f))
     rest = [f for f in findings if f.severity in (Severity.PASS, Severity.SKIPPED)]
-    unobservable = [f for f in rest if (f.evidence or {}).get("reason") == "not observable by sampling"]
+    from diag.checks.api import NOT_OBSERVABLE   # the registry's reason for a check sampling cannot answer
+
+    unobservable = [f for f in rest if (f.evidence or {}).get("reason") == NOT_OBSERVABLE]
     if not verbose:
         rest = [f for f in rest if f not in unobservable]
     if rest:

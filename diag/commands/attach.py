@@ -152,11 +152,14 @@ def gather(args):
 
 
 def run(args) -> int:
-    from diag.attach.judge import judge
     from diag.commands.check import exit_code_for
+    from diag.registry import Registry
 
+    # the one registry, as diag check: checks that sampling cannot answer report themselves skipped;
+    # a bad --select/--ignore is a usage error before any sampling
+    registry = Registry.discover().select(_split(args.select), _split(args.ignore))
     ev = gather(args)
-    findings = judge(ev, _split(args.select), _split(args.ignore))
+    findings = registry.run(ev)
     code = exit_code_for(ev, findings, args.fail_on)
     text_json = report_json(ev, findings, code)
     if ev.run.run_dir and not args.from_:

@@ -4,12 +4,12 @@ from __future__ import annotations
 import sys
 
 from diag.commands._common import add_run_arguments, run_config
-from diag.errors import DiagError, exit_code_for
+from diag.errors import DiagError, ExitCode, exit_code_for
 
 DESCRIPTION = """\
 Run a training script, unchanged, under diag's probe; gather evidence (step timing, data loading,
 model forwards, memory, exceptions); run every check over it; report the findings.
-The script's own output is shown as it runs (on stderr with --format json|sarif|junit, so that
+The script's own output is shown as it runs (on stderr with --format json|sarif|junit|html, so that
 stdout carries data only) and saved in the run directory's log.txt."""
 
 EPILOG = """\
@@ -18,6 +18,8 @@ examples:
   diag check --script train.py --steps 100 --format json > report.json
   diag check --script train.py --fail-on warning          CI: fail on warnings too
   diag check --from .diag/runs/<id>/evidence.json         re-judge a saved run; executes nothing
+  diag check --script train.py --format html -o report.html   one self-contained HTML file with charts
+  diag check --from .diag/runs/<id> --format json --html report.html   JSON on stdout, HTML to a file
   diag check --script train.py --select dataloader --ignore dataloader.pin-memory
   diag check --script train.py --steps 200 --baseline base.json   judge, and compare with a baseline
 
@@ -34,8 +36,10 @@ def add_arguments(p) -> None:
                    help="judge a saved evidence.json (or run directory) instead of running a script; "
                         "repeat to merge the files of several nodes")
     g = p.add_argument_group("reporting")
-    g.add_argument("--format", choices=("text", "json", "sarif", "junit"), default="text",
-                   help="text for people (default); json/sarif/junit for machines (stdout is data only)")
+    g.add_argument("--format", choices=("text", "json", "sarif", "junit", "html"), default="text",
+                   help="text for people (default); json/sarif/junit for machines (stdout is data only); "
+                        "html: one self-contained page with charts, written to -o FILE (or to stdout when "
+                        "it is not a terminal)")
     g.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
                    help="exit 1 when a finding is at or above this severity (default: error); a "
                         "crashed check counts as an error")
@@ -43,7 +47,10 @@ def add_arguments(p) -> None:
                    help="run only checks with this id or id prefix (repeatable, or comma-separated)")
     g.add_argument("--ignore", action="append", default=[], metavar="ID",
                    help="skip checks with this id or id prefix (repeatable, or comma-separated)")
-    g.add_argument("--output", "-o", metavar="FILE", help="also write the report to FILE")
+    g.add_argument("--output", "-o", metavar="FILE",
+                   help="also write the report to FILE (with --format html: write it only there)")
+    g.add_argument("--html", metavar="FILE", dest="html",
+                   help="also write the HTML report to FILE, beside the --format report")
     g.add_argument("--verbose", "-v", action="store_true", help="show passed and skipped checks in full")
     g.add_argument("--source-root", metavar="DIR",
                    help="SARIF: paths are made relative to DIR (default: the git checkout holding the "
@@ -87,10 +94,8 @@ def execute(args, echo_default: str = "stdout"):
     if not args.from_ and not args.script:
         raise DiagError("nothing to check: give --script PATH (or --from EVIDENCE)",
                         hint="diag demo runs a bundled example; diag check --help shows the options")
-    # bad selections are usage errors, found before anything runs; so is an unwritable -o
+    # bad selections are usage errors, found before anything runs (and so are bad -o/--html: run())
     registry = Registry.discover().select(_split(args.select), _split(args.ignore))
-    if getattr(args, "output", None):
-        check_output_path(args.output)
     machine = args.format != "text"
     if args.from_:
         evidence = load_from(args.from_)
@@ -121,11 +126,7 @@ def execute(args, echo_default: str = "stdout"):
         if run.run_deleted:
             sys.stderr.write(f"diag: the script deleted its run directory {run.run_dir}; the report below "
                              "holds what was read before that (log.txt is lost)\n")
-    if getattr(evidence.run, "source", "probe") == "attach":   # sampled by diag attach: its judgement
-        from diag.attach.judge import judge
-        findings = judge(evidence, _split(args.select), _split(args.ignore))
-    else:
-        findings = registry.run(evidence)
+    findings = registry.run(evidence)   # probe or attach evidence alike: each check knows what it can judge
     return evidence, findings
 
 
@@ -139,21 +140,29 @@ def execute_script(script: str, script_args: list[str], *, steps=None, max_time=
     return execute(ns)
 
 
-def check_output_path(path: str) -> None:
-    """-o FILE is checked before anything runs: its directory must exist and be writable."""
+def check_outputs(args, example: str = "diag check --script train.py --format html -o report.html") -> None:
+    """Usage errors of the report options, found before anything runs: -o/--html must name a file in
+    an existing, writable directory; HTML is never written to a terminal (``example`` is the hint)."""
     import os
 
-    target = os.path.abspath(path)
-    parent = os.path.dirname(target)
-    if os.path.isdir(target):
-        raise DiagError(f"-o {path!r} is a directory; give a file name")
-    if not os.path.isdir(parent):
-        raise DiagError(f"-o {path!r}: the directory {parent!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise DiagError(f"-o {path!r}: the directory {parent!r} is not writable")
+    output = getattr(args, "output", None)
+    if args.format == "html" and not output and sys.stdout.isatty():
+        raise DiagError("--format html writes a web page, which a terminal cannot show: give -o FILE "
+                        "(or redirect stdout to a file)", hint=example)
+    for opt, path in (("-o", output), ("--html", getattr(args, "html", None))):
+        if not path:
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise DiagError(f"{opt} {path!r} is a directory: give a file name, e.g. {os.path.join(path, 'report.html')!r}")
+        if not os.path.isdir(parent):
+            raise DiagError(f"cannot write the report to {path!r}: the directory {parent!r} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise DiagError(f"cannot write the report to {path!r}: the directory {parent!r} is not writable")
 
 
 def run(args) -> int:
+    check_outputs(args)
     if getattr(args, "source_root", None):
         from pathlib import Path
 
@@ -166,7 +175,7 @@ def run(args) -> int:
         from diag.compare.core import parse_thresholds
 
         if args.format == "sarif":
-            raise DiagError("--baseline reports in text, json or junit; SARIF holds findings only")
+            raise DiagError("--baseline reports in text, json, junit or html; SARIF holds findings only")
         thresholds = parse_thresholds(args.max_regression)
         baseline = extract.load(args.baseline, select=_split(args.select), ignore=_split(args.ignore))
     elif getattr(args, "max_regression", None) or getattr(args, "force", False):
@@ -240,6 +249,14 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
                 from diag.report.compare import render_text
                 render_text(comparison, rec)
             _write(args.output, rec.export_text())
+    elif args.format == "html":
+        text = render("html", evidence, findings, code, comparison=comparison)
+        if args.output:
+            _write(args.output, text)
+            sys.stderr.write(f"diag: HTML report written to {args.output}\n")
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
     else:
         kw = {"fail_on": args.fail_on} if args.format == "junit" else {}
         if args.format == "sarif":
@@ -254,6 +271,10 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
         sys.stdout.flush()
         if args.output:
             _write(args.output, text + "\n")
+    html_path = getattr(args, "html", None)
+    if html_path:
+        _write(html_path, render("html", evidence, findings, code, comparison=comparison))
+        sys.stderr.write(f"diag: HTML report written to {html_path}\n")
     if comparison is not None:
         import os
 

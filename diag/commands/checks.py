@@ -17,16 +17,22 @@ def add_arguments(p) -> None:
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
 
+def judges(spec) -> str:
+    """The evidence a check judges: "probe", "probe, attach", or "attach, as `dataloader.workers`"."""
+    text = ", ".join(spec.judges)
+    return text + (f", as `{spec.replaces}`" if spec.replaces else "")
+
+
 def markdown(specs, plugins=()) -> str:
-    lines = ["| id | default severity | what it looks for | source |", "|---|---|---|---|"]
+    lines = ["| id | default severity | judges | what it looks for | source |", "|---|---|---|---|---|"]
     for s in specs:
         desc = " ".join(s.description.split()).replace("|", "\\|")
         src = f"[docs]({s.docs})" if s.docs else ""
         if s.source != "builtin":
             src = (src + " " if src else "") + f"plugin: {s.source}"
-        lines.append(f"| `{s.id}` | {s.severity} | {desc} | {src} |")
+        lines.append(f"| `{s.id}` | {s.severity} | {judges(s)} | {desc} | {src} |")
     for p in plugins:
-        lines.append(f"| `{p.name}` | | plugin entry point `{p.value}` (not imported) | plugin: {p.dist} {p.version} |")
+        lines.append(f"| `{p.name}` | | | plugin entry point `{p.value}` (not imported) | plugin: {p.dist} {p.version} |")
     return "\n".join(lines) + "\n"
 
 

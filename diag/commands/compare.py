@@ -19,6 +19,7 @@ EPILOG = """\
 examples:
   diag compare base.json new.json
   diag compare base.json new.json --max-regression 5% --format markdown >> "$GITHUB_STEP_SUMMARY"
+  diag compare base.json new.json --format html -o compare.html   one self-contained page with charts
   diag compare base.json new.json --max-regression step=5%,memory=10%,mfu=3%
   diag compare a1.json,a2.json,a3.json b1.json,b2.json,b3.json   three repeats per side
   diag compare --runs 3 --steps 60 main/train.py pr/train.py       run each script 3 times
@@ -56,10 +57,12 @@ def add_arguments(p) -> None:
                    help="training steps per run (default 100)")
     r.add_argument("--max-time", type=positive_float, metavar="SECONDS", help="time limit per run")
     o = p.add_argument_group("reporting")
-    o.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text",
+    o.add_argument("--format", choices=("text", "json", "markdown", "junit", "html"), default="text",
                    help="text (default), json (docs/compare.md), markdown (PR comment, "
-                        "$GITHUB_STEP_SUMMARY), junit (one test case per metric)")
-    o.add_argument("--output", "-o", metavar="FILE", help="also write the report to FILE")
+                        "$GITHUB_STEP_SUMMARY), junit (one test case per metric), html (one self-contained "
+                        "page with charts, written to -o FILE, or to stdout when it is not a terminal)")
+    o.add_argument("--output", "-o", metavar="FILE",
+                   help="also write the report to FILE (with --format html: write it only there)")
     o.add_argument("--annotations", choices=("auto", "always", "never"), default="auto",
                    help="GitHub Actions workflow commands (::error ...) on stderr: auto = when "
                         "GITHUB_ACTIONS=true (default)")
@@ -131,9 +134,11 @@ def run_script(script: str, args, i: int, label: str):
 
 
 def run(args) -> int:
+    from diag.commands.check import check_outputs
     from diag.compare.core import compare, parse_thresholds
 
     thresholds = parse_thresholds(args.max_regression)
+    check_outputs(args, example="diag compare base.json new.json --format html -o compare.html")   # before anything runs
     from pathlib import Path
 
     for spec, label in ((args.base, "baseline"), (args.new, "new run")):   # before anything runs
@@ -167,6 +172,16 @@ def emit(c, fmt: str, output: str | None, annotations: str = "auto", stream=None
             rec = Console(record=True, file=open(os.devnull, "w"), width=110)
             rc.render_text(c, rec)
             write(output, rec.export_text())
+    elif fmt == "html":
+        from diag.report.compare_html import render_html
+
+        text = render_html(c)
+        if output:
+            write(output, text)
+            sys.stderr.write(f"diag: HTML comparison written to {output}\n")
+        else:
+            stream.write(text)
+            stream.flush()
     else:
         text = {"json": rc.render_json, "markdown": rc.render_markdown, "junit": rc.render_junit}[fmt](c)
         stream.write(text + "\n")

@@ -111,10 +111,14 @@ def _scalars(ev, rank) -> dict[str, float | None]:
     first = [s for s in rank.steps if s.index == 1]
     if first:
         out["time_to_first_step_s"] = round(float(first[0].t), 6)
-    flops = rank.flops if isinstance(rank.flops, dict) else {}
-    ach = flops.get("achieved") or {}
-    if isinstance(ach.get("mfu"), (int, float)):
-        out["mfu"] = float(ach["mfu"])
+    # MFU is judged in diag's process from the recorded FLOPs and device name against the catalogue,
+    # exactly as the cost.mfu check and diag cost do (the probe records no MFU)
+    from diag.cost.measured import judge_rank
+
+    judged = judge_rank(rank)
+    mfu = judged[1].get("mfu") if judged else None
+    if isinstance(mfu, (int, float)) and math.isfinite(mfu):
+        out["mfu"] = float(mfu)
     mem = rank.memory if isinstance(rank.memory, dict) else {}
     peaks = [s.get("peak") for s in mem.get("steps") or [] if isinstance(s, dict) and s.get("peak")]
     rpeaks = [s.get("reserved_peak") for s in mem.get("steps") or []

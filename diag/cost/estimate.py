@@ -465,7 +465,7 @@ class Measured:
 def from_evidence(ev) -> Measured:
     """The measured step of a run (``flops.measured`` on rank 0) and its timing, for estimates and
     for pre-filling the TUI. Raises :class:`CostError` when nothing was measured."""
-    from diag.cost.measured import from_rank
+    from diag.cost.measured import judge_rank
 
     if not ev.ranks:
         raise CostError("the evidence holds no process: nothing was measured")
@@ -478,7 +478,7 @@ def from_evidence(ev) -> Measured:
     if not m.get("flops"):
         raise CostError("the measured step counted no FLOPs (compiled or custom kernels are invisible to "
                         "FlopCounterMode); estimate with --params instead")
-    s = from_rank(r) or {}
+    m, s = judge_rank(r)      # the catalogue peak looked up now, from the recorded device name
     if not s.get("step_s"):
         raise CostError("the evidence has no timed step besides the measured one: run a few more steps")
     tokens = m.get("tokens")

@@ -1,9 +1,9 @@
-"""Reports: console text (rich), JSON, SARIF, JUnit. None of them imports textual or torch."""
+"""Reports: console text (rich), JSON, SARIF, JUnit, HTML. None of them imports textual or torch."""
 from __future__ import annotations
 
 from typing import Any
 
-FORMATS = ("text", "json", "sarif", "junit")
+FORMATS = ("text", "json", "sarif", "junit", "html")
 
 
 def fmt_value(v: Any) -> str:
@@ -38,4 +38,8 @@ def render(fmt: str, evidence, findings, exit_code: int, **kw) -> str:
         from diag.report.junit import render_junit
 
         return render_junit(evidence, findings, **kw)
+    if fmt == "html":
+        from diag.report.html import render_html
+
+        return render_html(evidence, findings, exit_code, kw.get("comparison"))
     raise ValueError(fmt)
