@@ -121,6 +121,9 @@ CASES: dict[str, Case] = {
         truth={"steps": 8, "samples_per_step": 32}),
     "gan_plant": Case(
         "gan_two_optimizers.py", ("--plant",), steps=8, samples=32, found={"optim.zero-grad": "info"},
+        # planted and always found; info or warning by the zeroing's share of the step (2%: 0.1 ms of
+        # a 4.5 ms step on an idle machine is a warning, of a 90 ms step on a loaded one an info)
+        tolerate=("optim.zero-grad",),
         truth={"steps": 8}),
     "hogwild_fork": Case(
         "hogwild.py", ("--start-method", "fork"), steps=12, samples=16,
