@@ -37,7 +37,8 @@ def _hints(r, m: dict, s: dict, ev) -> list[tuple[str, str, str | None]]:
     med = r.median_step()
     if med and med["total_s"] > 0:
         total = med["total_s"]
-        data = med["data_s"] / total
+        dw = r.data_wait_share()   # the one data-wait share dataloader.workers reports
+        data = dw["share"] if dw else med["data_s"] / total
         if data >= DATA_SHARE:
             out.append((data, f"the step waits {pct(data)} of its time for data (see dataloader.workers)",
                         "Feed the GPU faster: more DataLoader workers, pin_memory=True, persistent_workers=True.",

@@ -2,10 +2,11 @@
 batches built by hand in the training loop."""
 from __future__ import annotations
 
-from diag.checks.api import check, cuda_training, median, Severity
+from diag.checks.api import check, cuda_training, device_types, median, training_models, Severity
 
 import math
 
+from ._framework import NAMES, framework_entry, framework_of, knob
 from ._perf import PERF_MISSING, guide, perf_ran, short_file, training_sites
 from ._util import loc, ms, pct
 
@@ -39,10 +40,17 @@ def epoch_start_steps(steps) -> set[int]:
 
 
 def data_share(r, exclude_epoch_starts: bool = False) -> tuple[float, float, float, int] | None:
-    """(share of step time waiting for data, mean data wait, mean compute, n steps) over the timed
-    steps of a rank, or None without steps. With ``exclude_epoch_starts``, the steps that waited for
-    an epoch's first batch (worker start-up, judged by dataloader.persistent-workers) are left out
-    when enough steps remain."""
+    """(share of step time waiting for data, median data wait, median compute, n steps): the one
+    share every check reads, ``RankEvidence.data_wait_share()`` (median over the steady training
+    steps). ``exclude_epoch_starts`` is kept for callers of the former helper; the rank decides."""
+    d = r.data_wait_share()
+    if d is None:
+        return None
+    return d["share"], d["data_s"], d["compute_s"], d["n"]
+
+
+def _sum_share(r, exclude_epoch_starts: bool = False) -> tuple[float, float, float, int] | None:
+    """The former sum-over-sum share (kept for reference in tests; no check uses it)."""
     steps = r.timed_steps()
     if exclude_epoch_starts:
         starts = epoch_start_steps(r.steps)
@@ -59,8 +67,15 @@ def data_share(r, exclude_epoch_starts: bool = False) -> tuple[float, float, flo
     return data / total, data / n, (total - data) / n, n
 
 
+def cpu_only(r) -> bool:
+    """The model trains on the CPU (no CUDA training model): DataLoader workers then compete with the
+    model's compute for the same cores."""
+    models = training_models(r)
+    return bool(models) and "cuda" not in device_types(models)
+
+
 def recommended_workers(num_workers: int, wait_per_step: float, compute_per_step: float,
-                        cpu_count: int | None) -> int:
+                        cpu_count: int | None, cpu_training: bool = False) -> int:
     """Workers needed so that batches are ready when the model asks for them.
 
     With w workers each producing a batch in f seconds, the pipeline delivers w/f batches per
@@ -73,7 +88,9 @@ def recommended_workers(num_workers: int, wait_per_step: float, compute_per_step
     need = math.ceil(HEADROOM * f / c)
     need = max(need, num_workers + 1, 1)
     if cpu_count:
-        need = min(need, max(cpu_count - 1, 1))
+        # on a CPU-only run the model's compute uses the cores too: leave it at least half of them
+        cap = max(cpu_count // 2, 1) if cpu_training else max(cpu_count - 1, 1)
+        need = min(need, cap)
     return need
 
 
@@ -98,36 +115,49 @@ def steady_fetch(loader) -> tuple[float | None, float | None]:
        needs=["ranks.steps", "ranks.dataloaders", "environment.cpu_count"], tags=["data"],
        docs=guide("enable-asynchronous-data-loading-and-augmentation"))
 def dataloader_workers(ctx):
-    """Share of step time spent waiting in DataLoader.__next__ (median over the steady state,
-    the first step excluded). Warning at >= 10% of step time, error at >= 30%. Passes when the wait
-    is negligible, even with num_workers=0. Recommends a num_workers from the measured per-batch
-    fetch time (f = wait with 0 workers; f = w x (compute + wait) with w workers), sized for 1.5x
-    the compute rate and capped at the usable CPUs minus one, and predicts the step time after it.
-    With workers, the steps that fetched an epoch's first batch (worker start-up) are left out:
-    dataloader.persistent-workers judges those."""
+    """Share of step time the training steps spend waiting in DataLoader.__next__ for the
+    *training* loader (the loader whose batches fed training steps, not evaluation loaders: their
+    waits are the evaluation phase's): the median over the steady training steps of data wait / step
+    time (RankEvidence.data_wait_share(), the one share every check reads; the first step out, and with
+    workers the steps that fetched an epoch's first batch: dataloader.persistent-workers judges those).
+    Warning at >= 10% of step time, error at >= 30%. Passes when the wait is negligible (under 10%,
+    or under 0.5 ms per step: a worker's hand-over costs about that), even with num_workers=0. Recommends a num_workers from the measured per-batch fetch time (f = wait with 0
+    workers; f = w x (compute + wait) with w workers), sized for 1.5x the compute rate and capped at
+    the usable CPUs minus one, and predicts the step time after it. On a CPU-only run the workers share
+    the cores with the model's compute: the cap is half the CPUs, the text says so, the snippet has
+    no pin_memory, and a loader already at that cap gets an info (more workers cannot help). Under
+    the Hugging Face Trainer or Lightning the fix names their arguments."""
     ev = ctx.evidence
     r = ev.primary
     if not r.dataloaders:
         yield ctx.skip("No DataLoader was iterated (see dataloader.main-thread-data for hand-made batching).")
         return
-    loader = max(r.dataloaders, key=lambda d: d.batches)
-    share = data_share(r, exclude_epoch_starts=loader.num_workers > 0)
+    loader = r.training_loader()    # the loader whose batches fed training steps, not the biggest
+    if loader is None:
+        yield ctx.skip(f"No DataLoader fed the training steps ({len(r.dataloaders)} evaluation DataLoader(s) only).")
+        return
+    share = data_share(r)
     if share is None:
         yield ctx.skip("No training step was observed.")
         return
     frac, wait, compute, n = share
     cpus = ev.environment.cpu_count
+    on_cpu = cpu_only(r)
+    fw = framework_of(ev)
     steady, first = steady_fetch(loader)
     numbers = {"data_share": round(frac, 4), "data_wait_per_step_s": round(wait, 6),
                "compute_per_step_s": round(compute, 6), "steps": n, "num_workers": loader.num_workers,
-               "cpu_count": cpus, "batch_size": loader.batch_size,
+               "cpu_count": cpus, "batch_size": loader.batch_size, "loader_id": loader.id,
+               "cpu_training": on_cpu, "framework": fw,
                "wait_per_batch_steady_s": round(steady, 6) if steady is not None else None,
                "first_batch_mean_s": round(first, 6) if first is not None else None}
-    if frac < WARN_SHARE:
+    if frac < WARN_SHARE or wait < MIN_MAIN_THREAD_GAP_S:
+        # under 0.5 ms per step there is nothing workers can win back: handing a batch over from a
+        # worker process costs about as much
         yield ctx.passed(f"The model waited for data {pct(frac)} of step time ({ms(wait)} per step, "
                      f"num_workers={loader.num_workers}).", **numbers, title="Data arrives in time")
         return
-    rec = recommended_workers(loader.num_workers, wait, compute, cpus)
+    rec = recommended_workers(loader.num_workers, wait, compute, cpus, on_cpu)
     f = fetch_time(loader.num_workers, wait, compute)
     predicted = max(compute, f / max(rec, 1))   # the pipeline delivers rec/f batches per second
     if rec <= loader.num_workers or predicted >= wait + compute:
@@ -137,9 +167,17 @@ def dataloader_workers(ctx):
                    predicted_speedup=round((wait + compute) / predicted, 2) if predicted else None)
     sev = Severity.ERROR if frac >= ERROR_SHARE else Severity.WARNING
     capped = cpus is not None and f / rec > compute * 1.05
-    if loader.num_workers >= (cpus or 1) - 1 and rec <= loader.num_workers:
-        fix = ("The workers already use every CPU: make each batch cheaper (decode/augment on the GPU, "
-               "cache preprocessed data, a faster storage format).")
+    cheaper = ("cache decoded/preprocessed data, a faster storage format" if on_cpu else
+               "decode/augment on the GPU, cache preprocessed data, a faster storage format")
+    if rec <= loader.num_workers:
+        if on_cpu:
+            # the workers already take the cores the model's compute leaves: more cannot help, and the
+            # wait measures core contention as much as the pipeline (info, not a warning)
+            sev = Severity.INFO
+        fix = (("On this CPU-only run the DataLoader workers share the cores with the model's compute, and "
+                f"{loader.num_workers} worker(s) is as many as {cpus} CPUs leave room for: " if on_cpu else
+                "The workers already use every CPU: ")
+               + f"make each batch cheaper ({cheaper}).")
         snippet = None
     else:
         fix = (f"Load batches in background worker processes: num_workers={rec} (this machine has {cpus} "
@@ -149,9 +187,21 @@ def dataloader_workers(ctx):
                   if predicted else "."))
         if capped:
             fix += (f" Even {rec} worker{'s' if rec != 1 else ''} cannot keep up ({ms(f / rec)} per batch): also make each batch "
-                    "cheaper (cache decoded data, augment on the GPU).")
-        snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
-                   f"                    pin_memory=True, persistent_workers=True)")
+                    f"cheaper ({cheaper}).")
+        if on_cpu:
+            fix += (f" The model trains on the CPU: workers share the {cpus} cores with its compute, so the "
+                    "gain is smaller than predicted when compute already uses every core; compare the step "
+                    f"time with num_workers=0 and {rec}, and keep the faster.")
+            snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
+                       f"                    persistent_workers=True)")
+        else:
+            snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
+                       f"                    pin_memory=True, persistent_workers=True)")
+        spoken = knob(fw, "num_workers", n=rec, cuda=not on_cpu, batch_size=loader.batch_size)
+        if spoken is not None:
+            rest = fix[fix.index(";") + 2:] if ";" in fix else ""
+            fix = spoken[0] + (" " + rest[:1].upper() + rest[1:] if rest else "")
+            snippet = spoken[1]
     yield ctx.finding(
         severity=sev,
         message=f"The model waited for data {pct(frac)} of step time ({ms(wait)} of {ms(wait + compute)} "
@@ -159,7 +209,7 @@ def dataloader_workers(ctx):
         evidence=numbers,
         why="While the main process fetches and collates the next batch, the model does nothing; "
             "this time is lost on every step.",
-        fix=fix, snippet=snippet, location=loc(loader.location),
+        fix=fix, snippet=snippet, location=loc(loader.location or (framework_entry(ev) if fw else None)),
     )
 
 
@@ -356,6 +406,23 @@ def dataloader_main_thread_data(ctx):
     sev = Severity.ERROR if share >= ERROR_SHARE else Severity.WARNING
     site = max(training_sites(r), key=lambda s: s.count, default=None)
     where = f" before the forward at {short_file(site.location)}" if site and site.location else ""
+    fw = framework_of(ev)
+    if fw is not None:
+        # the gap is inside the framework's loop (its hooks, logging, input preparation between the
+        # batch and the model), not the script's batch code: said as such, info at most
+        numbers["framework"] = fw
+        yield ctx.finding(
+            severity=Severity.INFO, title="Framework overhead between batch and forward",
+            message=f"{pct(share)} of step time ({ms(gap)} of {ms(total)}) passes between the DataLoader and "
+                    f"the forward inside {NAMES.get(fw, fw)}'s training loop (its own per-step work: callbacks, "
+                    "logging, moving the batch), not in the script's code.",
+            evidence=numbers,
+            why="A framework runs hooks and bookkeeping around every step; on very short steps that is a "
+                "visible share, and it shrinks relative to the step as the model or batch grows.",
+            fix="Nothing in the script builds batches here. If the share matters, make steps longer (a larger "
+                "batch) or reduce per-step logging and callbacks.",
+            location=loc(framework_entry(ev)))
+        return
     if loaders:
         msg = (f"{pct(share)} of step time ({ms(gap)} of {ms(total)}) goes to work in the main thread "
                f"between the DataLoader and the forward{where} (moving, augmenting or reshaping batches).")

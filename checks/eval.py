@@ -43,17 +43,25 @@ def eval_no_grad(ctx):
         else:
             yield ctx.passed("No eval-mode forward was observed, so none built a graph needlessly.", title="No evaluation forwards")
         return
-    for site in sorted(bad, key=lambda s: -s.count):
+    # one finding per call site: a model reloaded each pass (torch.load) is a new model object with
+    # its own site record at the same line
+    by_line: dict = {}
+    for s in bad:
+        key = (s.location or {}).get("file"), (s.location or {}).get("line")
+        by_line.setdefault(key if key != (None, None) else s.key, []).append(s)
+    for group in sorted(by_line.values(), key=lambda g: -sum(s.count for s in g)):
+        site = max(group, key=lambda s: (_graph_record(r, s.key).get("bytes") or 0, s.count))
+        count = sum(s.count for s in group)
         model = r.model(site.model)
         trainable = model.params_trainable if model else None
         where = f" at {short_file(site.location)}" if site.location else ""
         rec = _graph_record(r, site.key)
         mem = rec.get("bytes")
         code = rec.get("code")
-        msg = (f"{site.count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled, "
+        msg = (f"{count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled, "
                f"building an autograd graph through {trainable:,} trainable parameters"
                if trainable is not None else
-               f"{site.count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled")
+               f"{count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled")
         ratio = None
         if mem:
             msg += f" and keeping {size(mem)} of activations alive per forward"
@@ -72,7 +80,7 @@ def eval_no_grad(ctx):
         yield ctx.finding(
             severity=Severity.WARNING,
             message=msg + ".",
-            evidence={"forwards": site.count, "module": site.module, "trainable_params": trainable,
+            evidence={"forwards": count, "model_objects": len(group), "module": site.module, "trainable_params": trainable,
                       "graph_bytes_per_forward": mem, "graph_nodes": rec.get("nodes"),
                       "graph_to_weights_ratio": round(ratio, 3) if ratio is not None else None,
                       "graph_measured_forwards": rec.get("measured"), "site": site.key, "code": code},

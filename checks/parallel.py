@@ -5,6 +5,7 @@ from __future__ import annotations
 from diag.checks.api import check, median, Severity
 
 from ._perf import guide, short_file, training_sites
+from ._framework import framework_entry, framework_of, knob
 from ._util import loc, ms, pct
 
 DP_DOCS = ("https://pytorch.org/docs/stable/notes/cuda.html"
@@ -209,6 +210,7 @@ def ddp_find_unused_parameters(ctx):
                      "required.", **numbers, title="find_unused_parameters is needed")
         return
     site = next((s for s in r.forwards if s.model == m.id and s.location), None)
+    spoken = knob(framework_of(ev), "find_unused_parameters")
     yield ctx.finding(
         severity=Severity.WARNING,
         message=f"DDP wraps {m.cls} with find_unused_parameters=True, but all {rec.get('params')} trainable "
@@ -217,8 +219,10 @@ def ddp_find_unused_parameters(ctx):
         why="With find_unused_parameters=True DDP traverses the autograd graph after every forward to mark "
             "unused parameters, and forms buckets from the constructor order rather than the backward "
             "order, which can delay the all-reduce.",
-        fix="Construct DDP with find_unused_parameters=False (the default). If some iterations skip "
+        fix=(spoken[0] + " If some iterations skip parameters (conditional branches), keep it on.") if spoken else
+            "Construct DDP with find_unused_parameters=False (the default). If some iterations skip "
             "parameters (conditional branches), keep it on, or use static_graph=True when the set is fixed.",
-        snippet="model = DistributedDataParallel(model, device_ids=[local_rank])  # find_unused_parameters=False",
-        location=loc(site.location) if site else None,
+        snippet=spoken[1] if spoken else
+            "model = DistributedDataParallel(model, device_ids=[local_rank])  # find_unused_parameters=False",
+        location=loc(site.location) if site else loc(framework_entry(ev)),
     )

@@ -1,7 +1,7 @@
 """Checks about the run itself: did the script fail, did it train at all."""
 from __future__ import annotations
 
-from diag.checks.api import check, Severity
+from diag.checks.api import check, fmt_seconds, median, Severity
 
 from ._util import loc
 
@@ -50,7 +50,9 @@ def run_failed(ctx):
 def run_no_steps(ctx):
     """No training step was observed: no optimizer.step() and no backward() through a model's
     output. Usually the wrong script, a script that exits early, or training code diag cannot see
-    (a model that is not a torch.nn.Module)."""
+    (a model that is not a torch.nn.Module). When the main process only started child processes that
+    trained (Hogwild with torch.multiprocessing, fork or spawn: diag follows them), an info that says
+    so, with each child's step count, instead of an error."""
     ev = ctx.evidence
     total = sum(r.step_stats.count for r in ev.ranks)
     if total == 0 and ev.run.status == "running":
@@ -59,6 +61,28 @@ def run_no_steps(ctx):
     if total > 0:
         yield ctx.passed(f"{total} training step(s) observed.",
                      steps=total, title="Training steps observed")
+        return
+    kids = [c for r in ev.ranks for c in r.children]
+    child_steps = sum(c.steps for c in kids)
+    if child_steps > 0:
+        # Hogwild-style training: the parent starts processes that train; diag followed them
+        med = [c.median_step_s for c in kids if c.median_step_s]
+        per = ", ".join(f"{c.steps}" for c in kids[:8]) + (", ..." if len(kids) > 8 else "")
+        yield ctx.finding(
+            severity=Severity.INFO, title="Training ran in child processes",
+            message=f"Training ran in {len(kids)} child process(es) ({child_steps} step(s) in all: {per}; "
+                    f"{sum(c.samples for c in kids)} samples"
+                    + (f"; median step {fmt_seconds(median(med))}" if med else "")
+                    + "); the main process only started them, so the per-step checks, which read the "
+                    "main process's steps, do not judge this run.",
+            evidence={"children": len(kids), "steps": child_steps, "steps_per_child": [c.steps for c in kids],
+                      "samples": sum(c.samples for c in kids),
+                      "start_methods": sorted({c.start_method for c in kids if c.start_method})},
+            why="diag follows multiprocessing / torch.multiprocessing children and counts their steps; "
+                "its detailed measurements are taken in the process that runs the script.",
+            fix="Nothing to fix. To have every check judge the training loop, run one training process "
+                "under diag (for example the child's function called directly, or torchrun for DDP).",
+        )
         return
     if ev.run.status in ("failed", "oom") and any(r.exceptions for r in ev.ranks):
         sev = Severity.WARNING

@@ -6,6 +6,7 @@ from diag.checks.api import check, cuda_training, Severity
 
 from ._perf import (PERF_MISSING, amdahl, guide, perf_ran, phase_medians, short_file, size,
                     training_models, training_sites)
+from ._framework import framework_entry, framework_of, knob
 from ._util import loc, ms, pct
 
 OPTIM_DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
@@ -226,6 +227,7 @@ def debug_anomaly_detection(ctx):
     if anomaly_steps or env_anomaly:
         found = True
         where = dbg.get("anomaly_location")
+        spoken = knob(framework_of(ev), "detect_anomaly")
         yield ctx.finding(
             severity=Severity.WARNING, title="Autograd anomaly detection left on",
             message=(f"Autograd anomaly detection was on for {anomaly_steps} of {steps} training steps"
@@ -235,9 +237,10 @@ def debug_anomaly_detection(ctx):
             evidence={"anomaly_steps": anomaly_steps, "steps": steps, "env_anomaly_detection": env_anomaly},
             why="Anomaly detection is a debugging aid: it slows every step (often several-fold on small "
                 "ops) and keeps extra metadata per op.",
-            fix="Remove the call, or enable it only while chasing a NaN (e.g. behind a --debug flag).",
-            snippet="torch.autograd.set_detect_anomaly(args.debug)   # off for real training",
-            location=loc(where),
+            fix=spoken[0] if spoken else
+                "Remove the call, or enable it only while chasing a NaN (e.g. behind a --debug flag).",
+            snippet=spoken[1] if spoken else "torch.autograd.set_detect_anomaly(args.debug)   # off for real training",
+            location=loc(where or (framework_entry(ev) if spoken else None)),
         )
     if prof_steps:
         found = True
@@ -284,7 +287,8 @@ def compile_unused(ctx):
         yield ctx.skip("No training step was observed.")
         return
     share = ph["compute_share"]
-    data_share = ph["data_s"] / ph["total_s"]
+    dw = r.data_wait_share()      # the one data-wait share (the same number dataloader.workers reports)
+    data_share = dw["share"] if dw else ph["data_s"] / ph["total_s"]
     gain_s = ph["total_s"] - ph["total_s"] / amdahl(share, COMPILE_SPEEDUP)
     breakeven = int(COMPILE_COST_S / gain_s) + 1 if gain_s > 0 else None
     numbers = {"step_s": round(ph["total_s"], 6), "forward_backward_share": round(share, 4),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.evidence import (MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, DataLoaderInfo,
+from diag.evidence import (MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, ChildProcess, DataLoaderInfo,
+                           EvaluationPass, FrameworkInfo,
                            Environment, Evidence, ExceptionInfo, ForwardSite, ModelInfo, OptimizerInfo,
                            RankEvidence, SchemaError, Section, StepRecord, _from_dict, build)
 from diag.evidence import events as E
@@ -87,6 +88,14 @@ def _fold(ev: Evidence, event: dict[str, Any]) -> None:
         _replace_by_id(r.dataloaders, _from_dict(DataLoaderInfo, data))
     elif kind == E.OPTIMIZER:
         _replace_by_id(r.optimizers, _from_dict(OptimizerInfo, data))
+    elif kind == E.EVALUATION:
+        r.evaluations.append(_from_dict(EvaluationPass, data))
+        if len(r.evaluations) > MAX_LIST_SECTION:
+            del r.evaluations[0]
+    elif kind == E.FRAMEWORK:
+        r.framework = _from_dict(FrameworkInfo, data)
+    elif kind == E.CHILD:
+        _replace_by_id(r.children, _from_dict(ChildProcess, data), "pid")
     elif kind == E.EXCEPTION:
         exc = _from_dict(ExceptionInfo, data)
         exc.t = t

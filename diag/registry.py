@@ -264,7 +264,7 @@ class Registry:
         for spec in self.specs:
             if self.answered_by_another(spec, evidence):
                 continue
-            findings.extend(run_one(spec, evidence, timeout=timeout))
+            findings.extend(dedupe(run_one(spec, evidence, timeout=timeout)))
         for p in self.problems:
             findings.append(Finding(
                 id=p.id, severity=Severity.CRASHED, title=p.title,
@@ -273,7 +273,6 @@ class Registry:
                 fix=p.fix,
             ))
         return findings
-
 
     def answered_by_another(self, spec: Check, evidence) -> bool:
         """True when ``spec`` does not judge this evidence's source and another check in the registry
@@ -289,6 +288,27 @@ class Registry:
 def _selected(spec: Check, pattern: str) -> bool:
     """A pattern selects a check by its id, or by the id it reports under (``replaces``)."""
     return _matches(spec.id, pattern) or (spec.replaces is not None and _matches(spec.replaces, pattern))
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (id, severity, location): a check that yields the same verdict twice for
+    the same line (two model objects called at one call site) reports it once. Findings without a
+    location, and skipped/passed results, are kept as they are."""
+    out: list[Finding] = []
+    seen: set = set()
+    for f in findings:
+        loc = f.location
+        if loc is None or not getattr(loc, "file", None) or f.severity in (Severity.PASS, Severity.SKIPPED):
+            out.append(f)
+            continue
+        key = (f.id, f.severity, loc.file, getattr(loc, "line", None), f.message)
+        key_loose = key[:4]
+        if key in seen or key_loose in seen:
+            continue
+        seen.add(key)
+        seen.add(key_loose)
+        out.append(f)
+    return out
 
 
 def _matches(check_id: str, pattern: str) -> bool:

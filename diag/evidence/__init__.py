@@ -18,6 +18,8 @@ docs/evidence.md is generated from them (``python -m diag.evidence.docs``)::
         dataloaders                   dataloaders.py (DataLoaderInfo)
         models, forwards, optimizers  models.py (ModelInfo, ForwardSite, OptimizerInfo)
         exceptions                    run.py (ExceptionInfo)
+        evaluations, framework,       evaluation.py (EvaluationPass, FrameworkInfo, ChildProcess)
+        children
         memory                        memory.py (MemorySection, MemoryDevice)
         flops                         flops.py (FlopsSection, FlopsMeasured)
         amp, sync, distributed        amp.py, sync.py, distributed.py
@@ -39,6 +41,7 @@ from diag.evidence.distributed import DistributedSection
 from diag.evidence.document import (MAX_DEPTH, MAX_EVIDENCE_BYTES, READABLE_VERSIONS, SCHEMA_VERSION, Evidence,
                                     _json_default, load_evidence)
 from diag.evidence.environment import DeviceInfo, Environment
+from diag.evidence.evaluation import ChildProcess, EvaluationPass, FrameworkInfo
 from diag.evidence.extras import ExtrasSection
 from diag.evidence.flops import FlopsMeasured, FlopsSection
 from diag.evidence.gpu import GpuTelemetry
@@ -65,5 +68,6 @@ __all__ = [
     "RankEvidence", "StepRecord", "StepStats", "DataLoaderInfo", "ModelInfo", "ForwardSite", "OptimizerInfo",
     "ExceptionInfo", "MemorySection", "MemoryDevice", "FlopsSection", "FlopsMeasured", "AmpSection",
     "SyncSection", "DistributedSection", "ExtrasSection", "ProbeSection", "GpuTelemetry", "MemoryPlan", "Section",
-    "SchemaError", "load_evidence", "median", "build", "_json_default", "_from_dict", "_median",
+    "SchemaError", "EvaluationPass", "FrameworkInfo", "ChildProcess", "load_evidence", "median", "build",
+    "_json_default", "_from_dict", "_median",
 ]

@@ -22,3 +22,4 @@ class DataLoaderInfo:
     wait_s: float = 0.0                 # total time in __next__
     first_batch_s: list[float] = field(default_factory=list)  # per epoch (iterator), first __next__
     max_wait_s: float = 0.0               # the longest wait for one batch
+    role: str | None = None               # train: its batches fed training steps; eval: only evaluation forwards

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from diag.evidence import (SCHEMA_VERSION, AmpSection, DataLoaderInfo, DeviceInfo, DistributedSection, Environment,
+from diag.evidence import (SCHEMA_VERSION, AmpSection, ChildProcess, EvaluationPass, FrameworkInfo, DataLoaderInfo, DeviceInfo, DistributedSection, Environment,
                            Evidence, ExceptionInfo, ExtrasSection, FlopsMeasured, FlopsSection, ForwardSite,
                            GpuTelemetry, MemoryDevice, MemoryPlan, MemorySection, ModelInfo, OptimizerInfo,
                            ProbeSection, RankEvidence, RunInfo, StepRecord, StepStats, SyncSection)
@@ -47,14 +47,17 @@ than 512 MiB or nested deeper than 64 levels are refused the same way.
 **Units.** Times in seconds (`*_s`), memory in bytes, FLOPs as counts. `null` means "not known".
 A GPU value NVML cannot give is `null` in JSON and shown as `N/A`, never 0.
 
-**What a step is.** A training step ends at `optimizer.step()` once at least one backward ran since
-the previous step (gradient accumulation: several backwards, one step). A script with no
-`torch.optim` optimizer (a hand-written SGD update) is detected once: its step ends when new data
-or a new training forward follows a backward. The first step starts at its first data fetch or
-training forward; each later step starts where the previous one ended, so time spent between steps
-(logging, hand-made batching, evaluation) is in `other_s`. Checks use `RankEvidence.median_step()` /
-`timed_steps()`: instrumented steps are dropped, and the first step (warm-up) too when at least four
-remain.
+**What a step is** ([steps.md](steps.md)). One iteration of the training loop: the span between
+consecutive optimizer-step *groups* (every optimizer stepped for one batch counts once: a GAN's
+two optimizers are one step; gradient accumulation: several backwards, one step). Forwards and
+backwards run inside `optimizer.step(closure)` are forward/backward time, only the remainder is
+`optimizer_s`. A script with no `torch.optim` optimizer (a hand-written SGD update) is detected
+once: its `torch.no_grad()` update after the backward is `optimizer_s`, and the step ends there.
+Each step starts where the previous one ended, except that evaluation passes (forwards that do not
+train, with their own DataLoaders) between steps are cut out into `evaluations`; the phases add up
+to `total_s`. Samples per step come from the DataLoader's batch. Checks use
+`RankEvidence.median_step()` / `timed_steps()` (instrumented steps dropped, and the first step
+(warm-up) too when at least four remain) and `data_wait_share()` (the one data-wait share).
 
 **Environment variables.** `environment.env` holds only these variables, never anything else (no
 secrets): `CUDA_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING`, `PYTORCH_CUDA_ALLOC_CONF`,
@@ -88,6 +91,9 @@ SECTIONS = [
     (ForwardSite, "ForwardSite", "`ranks[i].forwards[j]`"),
     (OptimizerInfo, "OptimizerInfo", "`ranks[i].optimizers[j]`"),
     (ExceptionInfo, "ExceptionInfo", "`ranks[i].exceptions[j]` (at most 20)"),
+    (EvaluationPass, "EvaluationPass", "`ranks[i].evaluations[j]`"),
+    (FrameworkInfo, "FrameworkInfo", "`ranks[i].framework`"),
+    (ChildProcess, "ChildProcess", "`ranks[i].children[j]`"),
     (MemorySection, "MemorySection", "`ranks[i].memory` (nested records: [memory.md](memory.md))"),
     (MemoryDevice, "MemoryDevice", "`ranks[i].memory.device`"),
     (FlopsSection, "FlopsSection", "`ranks[i].flops` ([cost.md](cost.md))"),

@@ -14,6 +14,9 @@ DATALOADER = "dataloader"       # DataLoaderInfo fields (cumulative; replaces th
 OPTIMIZER = "optimizer"         # OptimizerInfo fields (cumulative)
 EXCEPTION = "exception"         # ExceptionInfo fields
 END = "end"                     # status, exit_code, reason, steps
+EVALUATION = "evaluation"       # EvaluationPass fields (one evaluation pass between training steps)
+FRAMEWORK = "framework"         # FrameworkInfo fields (the training framework, once)
+CHILD = "child"                 # ChildProcess fields (a child process that trained; at its end)
 PROBE_ERROR = "probe_error"     # where, error, traceback (a probe hook failed; the run went on)
 SET = "set"                     # {path: "memory.estimate", value}: set a key in a rank section
 APPEND = "append"               # {path: "memory.steps", value, limit}: append to a list in a rank section
@@ -21,7 +24,7 @@ MERGE = "merge"                 # {path: "memory", value: {...}}: update an obje
 
 SECTION_EVENTS = (SET, APPEND, MERGE)
 ALL = (START, ENV, MODEL, FORWARD_SITE, FORWARD_COUNTS, STEP, DATALOADER, OPTIMIZER, EXCEPTION, END,
-       PROBE_ERROR, SET, APPEND, MERGE)
+       EVALUATION, FRAMEWORK, CHILD, PROBE_ERROR, SET, APPEND, MERGE)
 
 # Rank sections addressable by set/append/merge paths ("memory.steps", "extras.perf", ...).
 SECTIONS = ("memory", "flops", "amp", "sync", "distributed", "extras", "probe")

@@ -8,6 +8,7 @@ from diag.evidence._schema import median
 from diag.evidence.amp import AmpSection
 from diag.evidence.dataloaders import DataLoaderInfo
 from diag.evidence.distributed import DistributedSection
+from diag.evidence.evaluation import ChildProcess, EvaluationPass, FrameworkInfo
 from diag.evidence.extras import ExtrasSection
 from diag.evidence.flops import FlopsSection
 from diag.evidence.memory import MemorySection
@@ -45,6 +46,9 @@ class RankEvidence:
     optimizers: list[OptimizerInfo] = field(default_factory=list)  # torch.optim optimizers stepped
     backward_calls: int = 0               # backward passes through a model's output
     exceptions: list[ExceptionInfo] = field(default_factory=list)  # exceptions (at most 20)
+    evaluations: list[EvaluationPass] = field(default_factory=list)  # evaluation passes between training steps
+    framework: FrameworkInfo | None = None  # the training framework that drives the loop, when one does
+    children: list[ChildProcess] = field(default_factory=list)  # child processes that trained (Hogwild)
     # Sections filled by probe extensions (typed: diag/evidence/<section>.py; docs/evidence.md).
     memory: MemorySection = field(default_factory=MemorySection)  # CUDA allocator stats, breakdown, OOM, estimate
     flops: FlopsSection = field(default_factory=FlopsSection)    # FlopCounterMode over one real step
@@ -79,6 +83,54 @@ class RankEvidence:
             out[name] = median([getattr(s, name) for s in steps])
         out["n"] = len(steps)
         return out
+
+    def training_loaders(self) -> list[DataLoaderInfo]:
+        """The DataLoaders whose batches fed training steps (by what they fed, not by size); without
+        roles (older evidence), every loader that delivered batches."""
+        train = [d for d in self.dataloaders if d.role == "train" and d.batches > 0]
+        if train or any(d.role for d in self.dataloaders):
+            return train
+        return [d for d in self.dataloaders if d.batches > 0]
+
+    def training_loader(self) -> DataLoaderInfo | None:
+        """The training DataLoader that waited longest (None without one)."""
+        loaders = self.training_loaders()
+        return max(loaders, key=lambda d: (d.wait_s, d.batches)) if loaders else None
+
+    def data_wait_share(self) -> dict[str, float] | None:
+        """The one data-wait share every check and view reads: the median over the steady training
+        steps of each step's data wait / step time (the first step out when enough remain; with
+        DataLoader workers, the steps that waited for an epoch's first batch too: worker start-up is
+        dataloader.persistent-workers' to judge). Returns {share, data_s, compute_s, total_s, n}
+        (the medians of the same steps) or None without timed steps."""
+        steps = self.timed_steps()
+        loader = self.training_loader()
+        if loader is not None and loader.num_workers > 0:
+            starts, prev = set(), None
+            for s in self.steps:
+                if s.epoch is not None and prev is not None and s.epoch != prev:
+                    starts.add(s.index)
+                prev = s.epoch
+            kept = [s for s in steps if s.index not in starts]
+            if len(kept) >= 2:
+                steps = kept
+        steps = [s for s in steps if s.total_s > 0]
+        if not steps:
+            return None
+        share = median([s.data_s / s.total_s for s in steps])
+        data = median([s.data_s for s in steps])
+        total = median([s.total_s for s in steps])
+        return {"share": share, "data_s": data, "compute_s": max(total - data, 0.0), "total_s": total,
+                "n": len(steps)}
+
+    def evaluation_summary(self) -> dict | None:
+        """The evaluation passes in sum: {passes, time_s, forwards, data_wait_s, batches} or None."""
+        if not self.evaluations:
+            return None
+        return {"passes": len(self.evaluations), "time_s": sum(e.time_s for e in self.evaluations),
+                "forwards": sum(e.forwards for e in self.evaluations),
+                "data_wait_s": sum(e.data_wait_s for e in self.evaluations),
+                "batches": sum(e.batches for e in self.evaluations)}
 
     def model(self, model_id: int) -> ModelInfo | None:
         for m in self.models:

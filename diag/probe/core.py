@@ -37,12 +37,16 @@ import weakref
 from typing import Any, Callable
 
 from diag.probe.environment import ENV_ALLOWLIST, environment
+from diag.probe.frames import (exception_info, frame_location, is_library_file, is_oom, set_user_script,
+                               user_frame)
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
-from diag.probe.frames import exception_info, frame_location, is_library_file, is_oom, user_frame
 from diag.probe.hooks import Patches, remove_hooks
+from diag.probe.quiet import silence_hook_warnings
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
                                wrappers_of)
 from diag.probe.sink import FileSink
+from diag.probe import children
+from diag.probe.steps import StepRules, batch_samples
 from diag.probe.tensors import batch_size_of, first_tensor, grad_tensor, grad_tensors
 
 # former private names, kept for code that imported them from here
@@ -68,7 +72,7 @@ class _Step:
 
     __slots__ = ("index", "start", "data_s", "forward_s", "backward_s", "optimizer_s", "eval_s",
                  "n_forward", "n_backward", "samples", "tokens", "sample_site", "micro_batches", "instrumented",
-                 "extra")
+                 "extra", "group", "group_end", "batches")
 
     def __init__(self, index: int, start: float):
         self.index = index
@@ -80,9 +84,12 @@ class _Step:
         self.micro_batches = 0
         self.instrumented = False
         self.extra: dict = {}
+        self.group: set = set()      # the optimizers stepped in this step (diag.probe.steps)
+        self.group_end = None        # when the group's last optimizer step ended
+        self.batches = 0             # DataLoader batches that fed this step
 
 
-class Probe:
+class Probe(StepRules):
     """Torch hooks and the step state machine. Extensions receive the probe as their
     :class:`~diag.probe.context.ProbeContext` and use only that interface."""
 
@@ -146,6 +153,7 @@ class Probe:
         self._calls_mark = 0          # handover.window_calls at the previous step event
         self.slow_path_ns = 0.0       # torch's cost of a global hook pair per module call (measured at install)
         self._own_steps: list[float] = []   # probe_s of the steps that count for timing
+        self._init_step_rules()
 
     # ---- events ------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -298,6 +306,7 @@ class Probe:
         from torch.utils.data import dataloader as dl
 
         self.active = True
+        set_user_script(self.script)
         self.emit("start", pid=self.pid, host=socket.gethostname(), local_rank=self.local_rank,
                   world_size=self.world_size, started_at=self.wall0, script=self.script,
                   argv=list(sys.argv))
@@ -329,9 +338,9 @@ class Probe:
         def __next__(it):
             if not probe.active or probe._forked:
                 return orig_next(it)
+            probe._before_data(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
             t0 = time.perf_counter()
-            probe._before_data(t0)
             probe._in_data += 1
             probe._own_ns += _ns() - n0
             try:
@@ -343,9 +352,10 @@ class Probe:
                 probe._in_data -= 1
                 raise
             probe._in_data -= 1
-            n0 = _ns()
-            probe._on_batch(it, time.perf_counter() - t0)
-            probe._own_ns += _ns() - n0
+            n0, closed = _ns(), probe.steps_done
+            probe._on_batch(it, time.perf_counter() - t0, batch, t0)
+            if probe.steps_done == closed:   # a step closed in there counted itself
+                probe._own_ns += _ns() - n0
             return batch
 
         self._patch(dl.DataLoader, "__iter__", __iter__)
@@ -365,7 +375,16 @@ class Probe:
             return out
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
+        try:
+            self._install_manual_update(torch)   # diag.probe.steps: the update of a loop without torch.optim
+        except Exception as e:
+            self.report_error("no_grad", e)
         os.register_at_fork(after_in_child=self._after_fork)
+        try:
+            children.install(self)    # follow training into multiprocessing children (diag.probe.children)
+        except Exception as e:
+            self.report_error("children", e)
+        self._unsilence = silence_hook_warnings()   # torch.compile's warning about diag's global hooks
         self._ext("install")
         return self
 
@@ -386,6 +405,8 @@ class Probe:
             remove_global_hook(h)   # also torch's with_kwargs leak (a compile warning for ever after)
         remove_hooks(self._handles)
         self._patches.undo()
+        if getattr(self, "_unsilence", None) is not None:
+            self._unsilence()
         self._ext("uninstall")
 
     # ---- end of run --------------------------------------------------------------------------------
@@ -395,8 +416,12 @@ class Probe:
         if self._forked:
             return
         try:
-            if self.current_step is not None and self.current_step.n_backward > 0:
+            step = self.current_step
+            if step is not None and step.group_end is not None:
+                self._close_group()
+            elif step is not None and step.n_backward > 0:
                 self._close_step(time.perf_counter(), "manual" if not self._any_optimizer_step else "optimizer")
+            self._finish_step_rules()
             self._flush_sites()
             self._emit_loaders()
             self._emit_optimizers()
@@ -533,7 +558,8 @@ class Probe:
             self.emit("model", **info)
             self._ext("on_model", module, info)
         grad = torch.is_grad_enabled()
-        training = bool(module.training)
+        # the innermost module's flag: frameworks call .train() on the model, not on its DDP wrapper
+        training = bool(module.training) or bool(getattr(wrappers_of(module)[2], "training", False))
         inference = torch.is_inference_mode_enabled()
         outs = grad_tensors(output) if grad else []     # the backward may start from any of them
         out_t = outs[0] if outs else None
@@ -569,6 +595,9 @@ class Probe:
         # freeze BatchNorm statistics)
         train_fwd = grad and out_rg and (training or site["backpropagated"])
         if train_fwd:
+            step = self.current_step
+            if step is not None and step.group_end is not None and step.batches == 0:
+                self._close_group()   # no DataLoader feeds these steps: a training forward begins the next
             # a new step begins with its first training forward (manual-update scripts)
             self._before_activity(start)
         skey = site["key"]
@@ -578,15 +607,17 @@ class Probe:
         step = self.current_step
         if train_fwd:
             if step is None:
-                step = self._open_step(start)
+                step = self._begin_training(start)
             step.forward_s += dt
             step.n_forward += 1
             # the step's samples: every batch through the call site of its first training forward
-            # (gradient accumulation: each micro-batch), not a second model or a second view
-            counted = step.sample_site is None or step.sample_site == skey
+            # (gradient accumulation: each micro-batch), not a second model or a second view, and not
+            # a closure re-evaluating the same batch (LBFGS)
+            counted = (step.sample_site is None or step.sample_site == skey) and not (
+                step.sample_site is not None and self.in_repeated_closure())
             if counted:
                 step.micro_batches += 1
-                samples, tokens, _, _ = batch_size_of(args, kwargs)
+                samples, tokens, _, _ = batch_size_of(args, kwargs, self.last_batch_samples)
                 if step.sample_site is None:
                     step.sample_site = skey
                     step.samples, step.tokens = samples, tokens
@@ -607,8 +638,8 @@ class Probe:
             if self.extensions:
                 self._ext("on_forward", module, args, kwargs, output, True)
         else:
-            if step is not None:
-                step.eval_s += dt
+            if not self._eval_forward(start, dt) and self.current_step is not None:
+                self.current_step.eval_s += dt
             if out_rg and not self._in_backward:
                 # a graph built outside training mode: find out whether a backward goes through it
                 try:
@@ -650,19 +681,25 @@ class Probe:
         end = time.perf_counter()
         t0 = _ns()
         self._in_backward = False
-        step = self.current_step or self._open_step(self._bwd_start)
+        step = self.current_step or self._begin_training(self._bwd_start)
         step.backward_s += end - self._bwd_start
         step.n_backward += 1
         self._own_ns += _ns() - t0
 
     # ---- optimizer ---------------------------------------------------------------------------------
     def _opt_pre(self, opt, args, kwargs):
-        if self._forked:
+        if self._forked or not self.active:
             return None
+        step = self.current_step
+        if step is not None and step.group_end is not None and id(opt) in step.group:
+            self._close_group()    # the same optimizer again: the previous iteration is over (times itself)
         t0 = _ns()
+        wrapped = self._wrap_closure(opt, args, kwargs)
+        if wrapped is not None:
+            self._begin_training(time.perf_counter())   # its forwards and backwards run inside
         self._opt_start[id(opt)] = time.perf_counter()
         self._own_ns += _ns() - t0
-        return None
+        return wrapped
 
     def _opt_post(self, opt, args, kwargs):
         if self._forked or not self.active:
@@ -674,9 +711,16 @@ class Probe:
         info = self.optimizer_info(opt)
         info["steps"] += 1
         step = self.current_step or self._open_step(start)
-        step.optimizer_s += end - start
-        self._own_ns += _ns() - t0
+        # a closure's forwards and backwards are in their own phases, its other work in "other"
+        step.optimizer_s += max(end - start - self._closure_time(opt), 0.0)
+        close = False
         if step.n_backward > 0:
+            # the step ends with its optimizer-step group, when the next iteration shows itself
+            step.group.add(id(opt))
+            step.group_end = end
+            close = self._group_complete(step)
+        self._own_ns += _ns() - t0
+        if close:
             self._close_step(end, "optimizer")   # times itself
         return None
 
@@ -734,7 +778,11 @@ class Probe:
                 "iterable_dataset": isinstance(ds, IterableDataset),
                 "location": frame_location(frame),
                 "epochs": 0, "batches": 0, "wait_s": 0.0, "first_batch_s": [], "max_wait_s": 0.0,
+                "role": None,
             }
+            if info["batch_size"] is None:   # a batch_sampler (accelerate's DataLoaderShard)
+                bs = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+                info["batch_size"] = bs if isinstance(bs, int) else None
             self._loaders[id(loader)] = info
             try:
                 self._loader_refs[id(loader)] = weakref.ref(loader)
@@ -752,9 +800,10 @@ class Probe:
         self.emit("dataloader", **info)
 
     def _before_data(self, t: float) -> None:
+        self._close_group()
         self._before_activity(t)
 
-    def _on_batch(self, it, dt: float) -> None:
+    def _on_batch(self, it, dt: float, batch=None, t0: float | None = None) -> None:
         lid = getattr(it, "_diag_loader", None)
         info = None
         if lid is not None:
@@ -772,8 +821,10 @@ class Probe:
                 info["first_batch_s"].append(round(dt, 6))
                 if len(info["first_batch_s"]) > 200:
                     del info["first_batch_s"][0]
-        step = self.current_step or self._open_step(time.perf_counter() - dt)
-        step.data_s += dt
+        n = batch_samples(batch)
+        if n is not None:
+            self.last_batch_samples = n
+        self._fetched(lid, t0 if t0 is not None else time.perf_counter() - dt, dt)
 
     def _emit_loaders(self) -> None:
         for info in self._loaders.values():
@@ -820,7 +871,7 @@ class Probe:
         ev = {
             "index": step.index, "total_s": total, "data_s": step.data_s, "forward_s": step.forward_s,
             "backward_s": step.backward_s, "optimizer_s": step.optimizer_s,
-            "other_s": max(other, 0.0) + step.eval_s, "n_forward": step.n_forward,
+            "other_s": other + step.eval_s, "n_forward": step.n_forward,
             "n_backward": step.n_backward, "samples": step.samples, "tokens": step.tokens,
             "micro_batches": step.micro_batches or None,
             "epoch": self.epoch or None, "ended_by": kind, "instrumented": step.instrumented,
@@ -841,7 +892,9 @@ class Probe:
             self._emit_loaders()
             self._emit_optimizers()
             self.emit("env", **environment())
-        self.step_closed_at = time.perf_counter()   # the probe's own end-of-step work ends here
+        # the probe's own end-of-step work, counted from the step's end (a step closes when the next
+        # iteration shows itself, after its optimizer-step group ended)
+        self.step_closed_at = end + (_ns() - t_close) / 1e9
         self._own_ns += _ns() - t_close
         if self.max_steps is not None and step.index >= self.max_steps:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")

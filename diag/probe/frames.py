@@ -3,7 +3,10 @@ user-facing description of an exception (its traceback without diag's own frames
 from __future__ import annotations
 
 import os
+import re
+import site
 import sys
+import sysconfig
 import traceback
 
 _DIAG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,22 +27,71 @@ def user_frame(start_depth: int = 2):
 _LIB_CACHE: dict[str, bool] = {}
 
 
+def _library_roots() -> tuple[str, ...]:
+    """Directories whose files are never the user's code: the standard library and every
+    installed-packages directory (site-packages / dist-packages) this interpreter knows."""
+    roots: set[str] = set()
+    try:
+        paths = sysconfig.get_paths()
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            if paths.get(key):
+                roots.add(os.path.realpath(paths[key]))
+    except Exception:
+        pass
+    try:
+        roots.update(os.path.realpath(p) for p in site.getsitepackages())
+    except Exception:
+        pass
+    try:
+        roots.add(os.path.realpath(site.getusersitepackages()))
+    except Exception:
+        pass
+    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots if r and r != os.sep))
+
+
+_LIB_ROOTS = _library_roots()
+_SCRIPT_DIRS: list[str] = []   # directories of the script diag runs: user code even under a library root
+
+
+def set_user_script(path: str | None) -> None:
+    """The script diag runs is the user's code wherever it lives (also inside a library root)."""
+    if path:
+        d = os.path.dirname(os.path.realpath(path)) + os.sep
+        if d not in _SCRIPT_DIRS:
+            _SCRIPT_DIRS.append(d)
+            _LIB_CACHE.clear()
+
+
 def is_library_file(fn: str) -> bool:
-    """Is ``fn`` (a code object's file name) torch, diag (its bundled demos excepted) or a standard
-    library module that only forwards calls (runpy, contextlib, threading, functools)?"""
+    """Is ``fn`` (a code object's file name) code that is not the user's: torch, diag (its bundled
+    demos excepted), the standard library, or any installed package (site-packages / dist-packages:
+    transformers, Lightning, accelerate, ...)? Calls through such frames are located at the first
+    frame of the user's own code that led to them."""
     r = _LIB_CACHE.get(fn)
     if r is None:
-        r = (
-            fn.startswith("<")
-            or f"{os.sep}torch{os.sep}" in fn
-            or (fn.startswith(_DIAG_DIR + os.sep) and not fn.startswith(_DEMO_DIR))
-            or f"{os.sep}runpy.py" in fn
-            or f"{os.sep}contextlib.py" in fn
-            or f"{os.sep}threading.py" in fn
-            or f"{os.sep}functools.py" in fn
-        )
+        if fn.startswith("<"):
+            r = True
+        elif fn.startswith(_DIAG_DIR + os.sep):
+            r = not fn.startswith(_DEMO_DIR)
+        elif f"{os.sep}torch{os.sep}" in fn or f"{os.sep}site-packages{os.sep}" in fn \
+                or f"{os.sep}dist-packages{os.sep}" in fn:
+            r = True
+        else:
+            real = os.path.realpath(fn) if os.path.isabs(fn) else os.path.abspath(fn)
+            r = any(real.startswith(root) for root in _LIB_ROOTS) and \
+                not any(real.startswith(d) for d in _SCRIPT_DIRS)
         _LIB_CACHE[fn] = r
     return r
+
+
+# ANSI escape sequences (CSI, OSC, two-character escapes) and other C0/C1 control characters except
+# newline and tab: the script's messages may carry them (coloured tracebacks, rich output)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences and control characters (newlines and tabs kept)."""
+    return _ANSI.sub("", text) if text else text
 
 
 def frame_location(f) -> dict | None:
@@ -74,11 +126,17 @@ def exception_info(exc: BaseException, step: int | None, script: str | None) -> 
         "".join(traceback.format_exception_only(type(exc), exc))
     loc = None
     for fr in reversed(frames):
-        if not is_library_file(fr.filename):
+        if not is_library_file(fr.filename) or (script and fr.filename == script):
             loc = {"file": fr.filename, "line": fr.lineno, "function": fr.name}
             break
+    if isinstance(exc, SyntaxError):
+        # a syntax error in one of the user's own files (an import, exec of a file) is located there;
+        # one in a string handed to ast.parse/compile stays at the user's line that parsed it
+        fn = getattr(exc, "filename", None)
+        if fn and os.path.isfile(fn) and not is_library_file(os.path.abspath(fn)) and exc.lineno:
+            loc = {"file": os.path.abspath(fn), "line": int(exc.lineno), "function": None}
     return {
-        "type": type(exc).__name__, "message": str(exc)[:4000], "traceback": text[-20000:],
+        "type": type(exc).__name__, "message": strip_ansi(str(exc))[:4000], "traceback": strip_ansi(text)[-20000:],
         "is_oom": is_oom(exc), "step": step, "location": loc,
     }
 

@@ -59,15 +59,19 @@ def grad_tensors(obj, limit: int = 8) -> list:
     return out
 
 
-def batch_size_of(args, kwargs) -> tuple[int | None, int | None, list, list]:
-    """(samples, tokens, shapes, dtypes) from a forward's inputs: samples is dim 0 of the first
-    tensor; tokens is its numel when it is a 2-D integer tensor (token ids)."""
+def batch_size_of(args, kwargs, hint: int | None = None) -> tuple[int | None, int | None, list, list]:
+    """(samples, tokens, shapes, dtypes) from a forward's inputs. ``hint``: the number of samples in
+    the last batch a DataLoader delivered; when one of the first input tensor's dims has that size,
+    that is the batch (seq-first inputs: ``[seq, batch]``), otherwise dim 0. tokens is the tensor's
+    numel when it is a 2-D integer tensor (token ids)."""
     t = first_tensor(args) if args else None
     if t is None and kwargs:
         t = first_tensor(kwargs)
     if t is None or t.dim() == 0:
         return None, None, [], []
     samples = int(t.shape[0])
+    if hint is not None and samples != hint and hint in tuple(t.shape):
+        samples = int(hint)
     tokens = None
     if t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
         tokens = int(t.numel())

@@ -11,6 +11,7 @@ from rich.text import Text
 from diag.evidence import probe as probe_cost
 from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
+from diag.units import fmt_seconds
 from diag.redact import redact_args
 from diag.report.style import SEVERITY_STYLES as STYLE
 from diag.sanitize import for_terminal as safe, safe_finding
@@ -33,9 +34,22 @@ def run_header(evidence) -> Text:
     if evidence.ranks:
         med = evidence.primary.median_step()
         if med:
-            t.append(f" · median step {med['total_s'] * 1000:.1f} ms "
-                     f"(data {med['data_s'] * 1000:.1f} / fwd {med['forward_s'] * 1000:.1f} / "
-                     f"bwd {med['backward_s'] * 1000:.1f} / opt {med['optimizer_s'] * 1000:.1f} ms)")
+            t.append(f" · median step {fmt_seconds(med['total_s'])} "
+                     f"(data {fmt_seconds(med['data_s'])} / fwd {fmt_seconds(med['forward_s'])} / "
+                     f"bwd {fmt_seconds(med['backward_s'])} / opt {fmt_seconds(med['optimizer_s'])} / "
+                     f"other {fmt_seconds(med['other_s'])})")
+        ev_sum = evidence.primary.evaluation_summary()
+        if ev_sum:
+            t.append(f"\nevaluation: {ev_sum['passes']} pass(es), {fmt_seconds(ev_sum['time_s'])} in all, "
+                     f"{ev_sum['forwards']} forward(s), data wait {fmt_seconds(ev_sum['data_wait_s'])} "
+                     "(not part of the training steps)")
+        kids = [c for r in evidence.ranks for c in r.children]
+        if kids:
+            t.append(f"\nchild processes: {len(kids)} trained, "
+                     f"{sum(c.steps for c in kids)} step(s) in all ({', '.join(str(c.steps) for c in kids[:8])})")
+        fw = next((r.framework for r in evidence.ranks if r.framework is not None), None)
+        if fw is not None and fw.name:
+            t.append(f"\nframework: {safe(fw.name)}{' ' + safe(fw.version) if fw.version else ''}")
     if run.wall_s is not None:
         t.append(f" · {run.wall_s:.1f} s")
     if len(evidence.ranks) > 1:

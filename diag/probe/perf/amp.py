@@ -3,6 +3,7 @@ for amp.availability)."""
 from __future__ import annotations
 
 from diag.probe.perf._common import _caller_outside_library, _loc_of
+from diag.probe.quiet import relocated_warnings
 
 
 class AmpRecorder:
@@ -29,7 +30,8 @@ class AmpRecorder:
         orig_init, orig_scale, orig_step = GradScaler.__init__, GradScaler.scale, GradScaler.step
 
         def __init__(sc, *args, **kwargs):
-            orig_init(sc, *args, **kwargs)
+            with relocated_warnings():      # torch's warnings name the user's line, not this file
+                orig_init(sc, *args, **kwargs)
             if ext._live():
                 try:
                     s = ext.scaler

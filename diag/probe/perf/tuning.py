@@ -8,6 +8,7 @@ import inspect
 import time
 
 from diag.probe.perf._common import _caller_outside_library, _loc_of
+from diag.probe.quiet import relocated_warnings
 from diag.probe.tensors import first_tensor
 
 MAX_SHAPES = 16
@@ -53,7 +54,8 @@ class TuningRecorder:
                     ext._mark("compile", now=True)
                 except Exception as e:
                     ext._probe.report_error("PerfProbe.compile", e)
-            return orig(*args, **kwargs)
+            with relocated_warnings():
+                return orig(*args, **kwargs)
 
         compile.__wrapped__ = orig
         compile.__doc__ = orig.__doc__
@@ -72,12 +74,14 @@ class TuningRecorder:
                 def __init__(self, mode, *args, **kwargs):
                     if mode:
                         ext._located("anomaly_location")
-                    super().__init__(mode, *args, **kwargs)
+                    with relocated_warnings():
+                        super().__init__(mode, *args, **kwargs)
 
             class detect_anomaly(orig_da):
                 def __init__(self, *args, **kwargs):
                     ext._located("anomaly_location")
-                    super().__init__(*args, **kwargs)
+                    with relocated_warnings():
+                        super().__init__(*args, **kwargs)
 
             for cls, orig in ((set_detect_anomaly, orig_sda), (detect_anomaly, orig_da)):
                 cls.__module__ = orig.__module__

@@ -36,6 +36,8 @@ class StepSummary:
     micro_batches: int | None = None  # forwards per step that make up its samples
     history_ms: list[float] = field(default_factory=list)     # total step time, newest last
     data_share_history: list[float] = field(default_factory=list)
+    data_share: float | None = None   # the one data-wait share (RankEvidence.data_wait_share)
+    evaluation: dict | None = None    # evaluation passes in sum (RankEvidence.evaluation_summary)
     ranks: list[RankSteps] = field(default_factory=list)
 
 
@@ -72,6 +74,9 @@ def summarize_steps(evidence) -> StepSummary:
     out.timed = len(timed)
     out.instrumented = sum(1 for s in r.steps if s.instrumented)
     out.median = r.median_step()
+    dw = r.data_wait_share()
+    out.data_share = dw["share"] if dw else None
+    out.evaluation = r.evaluation_summary()
     out.samples_s = _rate(recent, "samples")
     out.tokens_s = _rate(recent, "tokens")
     if st.total_s > 0 and st.timed:

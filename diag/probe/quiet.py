@@ -1,0 +1,74 @@
+"""A quiet probe: warnings that diag's own hooks cause never reach the user's output, and warnings
+that the user's calls raise through one of diag's wrappers keep the user's location.
+
+- torch.compile warns on every call of a compiled module while any *global* module hook is
+  registered (``torch/_dynamo/eval_frame.py``): diag's hooks are global, the user's are not, so that
+  one message is filtered for the probe's lifetime (:func:`silence_hook_warnings`, undone by the
+  returned function).
+- A wrapper that diag puts around a torch call (GradScaler's ``__init__``, anomaly detection, ...)
+  adds a frame under torch's ``stacklevel``: the warning would name diag's file.
+  :func:`relocated_warnings` records what the wrapped call warns and issues it again at the first
+  frame of the user's code, through the warnings machinery (the user's filters still apply).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+
+from diag.probe.frames import _DIAG_DIR, is_library_file
+
+# torch._dynamo.eval_frame.OptimizedModule.__call__: "Using `torch.compile(module)` when there are
+# global hooks on modules (e.g., from `register_module_forward_hook`); ..."
+_COMPILE_HOOKS = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
+def silence_hook_warnings():
+    """Filter torch.compile's global-hook warning; returns the function that removes the filter."""
+    warnings.filterwarnings("ignore", message=_COMPILE_HOOKS, category=UserWarning)
+    entry = warnings.filters[0]
+
+    def undo() -> None:
+        with contextlib.suppress(Exception):
+            warnings.filters.remove(entry)
+            mutated = getattr(warnings, "_filters_mutated", None)
+            if mutated is not None:
+                mutated()
+
+    return undo
+
+
+def _user_frame():
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (is_library_file(fn) or fn.endswith(os.sep + "warnings.py")):
+            return f
+        f = f.f_back
+    return None
+
+
+@contextlib.contextmanager
+def relocated_warnings():
+    """Run the body recording its warnings; re-issue each one, those that name a file of diag at
+    the user's calling line instead."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            pending = list(caught)
+    if not pending:
+        return
+    user = _user_frame()
+    for w in pending:
+        filename, lineno, module, registry = w.filename, w.lineno, None, None
+        if str(filename).startswith(_DIAG_DIR + os.sep) and user is not None:
+            filename, lineno = user.f_code.co_filename, user.f_lineno
+        if user is not None:
+            module = user.f_globals.get("__name__")
+            registry = user.f_globals.setdefault("__warningregistry__", {})
+        with contextlib.suppress(Exception):
+            warnings.warn_explicit(w.message, w.category, filename, lineno, module=module,
+                                   registry=registry, source=getattr(w, "source", None))
