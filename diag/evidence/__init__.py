@@ -21,6 +21,7 @@ docs/evidence.md is generated from them (``python -m diag.evidence.docs``)::
         memory                        memory.py (MemorySection, MemoryDevice)
         flops                         flops.py (FlopsSection, FlopsMeasured)
         amp, sync, distributed        amp.py, sync.py, distributed.py
+        timeline                      timeline.py (TimelineSection; CUDA runs)
         extras                        extras.py (ExtrasSection)
       gpu: GpuTelemetry               gpu.py
       memory_plan: MemoryPlan         plan.py
@@ -48,6 +49,7 @@ from diag.evidence.rank import MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_
 from diag.evidence.run import ExceptionInfo, RunInfo
 from diag.evidence.steps import StepRecord, StepStats
 from diag.evidence.sync import SyncSection
+from diag.evidence.timeline import TimelineSection
 
 _median = median
 
@@ -62,6 +64,6 @@ __all__ = [
     "MAX_EXCEPTIONS_KEPT", "MAX_LIST_SECTION", "Evidence", "RunInfo", "Environment", "DeviceInfo",
     "RankEvidence", "StepRecord", "StepStats", "DataLoaderInfo", "ModelInfo", "ForwardSite", "OptimizerInfo",
     "ExceptionInfo", "MemorySection", "MemoryDevice", "FlopsSection", "FlopsMeasured", "AmpSection",
-    "SyncSection", "DistributedSection", "ExtrasSection", "GpuTelemetry", "MemoryPlan", "Section",
+    "SyncSection", "TimelineSection", "DistributedSection", "ExtrasSection", "GpuTelemetry", "MemoryPlan", "Section",
     "SchemaError", "load_evidence", "median", "build", "_json_default", "_from_dict", "_median",
 ]

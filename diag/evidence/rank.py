@@ -15,6 +15,7 @@ from diag.evidence.models import ForwardSite, ModelInfo, OptimizerInfo
 from diag.evidence.run import ExceptionInfo
 from diag.evidence.steps import StepRecord, StepStats
 from diag.evidence.sync import SyncSection
+from diag.evidence.timeline import TimelineSection
 
 # Bounds that keep Evidence small for long runs: the newest steps are kept in full, older ones
 # only in the running aggregates (`StepStats`).
@@ -23,7 +24,7 @@ MAX_EXCEPTIONS_KEPT = 20
 MAX_LIST_SECTION = 2000
 
 _RANK_SECTIONS = {"memory": MemorySection, "flops": FlopsSection, "amp": AmpSection, "sync": SyncSection,
-                  "distributed": DistributedSection, "extras": ExtrasSection}
+                  "distributed": DistributedSection, "extras": ExtrasSection, "timeline": TimelineSection}
 
 
 @dataclass
@@ -51,6 +52,7 @@ class RankEvidence:
     sync: SyncSection = field(default_factory=SyncSection)       # host-device synchronisations
     distributed: DistributedSection = field(default_factory=DistributedSection)  # backend, DDP, collectives
     extras: ExtrasSection = field(default_factory=ExtrasSection)  # the perf extension's records, probe errors
+    timeline: TimelineSection = field(default_factory=TimelineSection)  # CUDA runs: device time per step, GPU idle
 
     def __setattr__(self, name: str, value: Any) -> None:
         cls = _RANK_SECTIONS.get(name)

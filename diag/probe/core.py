@@ -273,6 +273,8 @@ class Probe:
                 return orig_next(it)
             t0 = time.perf_counter()
             probe._before_data(t0)
+            if probe.extensions:
+                probe._ext("on_data", "start")
             probe._in_data += 1
             try:
                 batch = orig_next(it)
@@ -283,6 +285,8 @@ class Probe:
                 probe._in_data -= 1
                 raise
             probe._in_data -= 1
+            if probe.extensions:
+                probe._ext("on_data", "end")
             probe._on_batch(it, time.perf_counter() - t0)
             return batch
 
