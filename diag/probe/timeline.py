@@ -232,6 +232,10 @@ class TimelineRecorder:
                 "totals": self.totals}
 
 
+def _r(x):
+    return round(x, 7) if isinstance(x, float) else x
+
+
 def enabled_by_env() -> bool:
     return os.environ.get("DIAG_TIMELINE", "1").strip().lower() not in ("0", "off", "false", "no")
 
@@ -319,7 +323,7 @@ class TimelineProbe:
         rec = self.rec
         if not self._on or rec is None:
             return
-        rec.end_step(step.get("index", 0), {"total_s": step.get("total_s"), "data_s": step.get("data_s")})
+        rec.end_step(step.get("index", 0), {"total_s": _r(step.get("total_s")), "data_s": _r(step.get("data_s"))})
         self._last_end_host = rec.now()
         self._write(ctx, rec.poll())
 
