@@ -1,11 +1,12 @@
 """Shared by the CUDA twins of the planted corpus (run by scripts/gpu-check.sh on a real GPU)."""
+import os
 import time
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-DEV = "cuda"
+DEV = os.environ.get("DIAG_TWIN_DEVICE", "cuda")   # "cpu" only to test the runner without a GPU
 
 
 def mlp(width: int = 4096, depth: int = 4, out: int = 1000) -> nn.Module:
