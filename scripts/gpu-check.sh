@@ -19,13 +19,16 @@ VENV=.gpu-venv
 # what diag and its gpu tests import, besides torch (and numpy, which comes with it); setuptools/wheel
 # build the editable install offline
 PKGS=("textual==8.2.8" "rich>=13" "nvidia-ml-py>=12" "psutil>=5.9" "pytest>=8" "pytest-asyncio>=0.23"
-      "setuptools>=77" "wheel")
+      "setuptools>=77" "wheel" "exceptiongroup" "tomli" "typing_extensions")   # the last three: pytest and textual on Python 3.10
 
 case "${1:-}" in
   --prepare)
     mkdir -p "$WHEELS"
     "$PY" -m pip download --only-binary=:all: -d "$WHEELS" "${PKGS[@]}" || {
       echo "gpu-check: pip download failed (network or index); $WHEELS is incomplete" >&2; exit 2; }
+    # pure-Python builds of what pytest needs on an older Python than this one (tomli ships compiled ones too)
+    "$PY" -m pip download --only-binary=:all: --no-deps --python-version 3.10 --implementation py --platform any \
+      -d "$WHEELS" tomli exceptiongroup >/dev/null 2>&1 || true
     echo "gpu-check: $(ls "$WHEELS" | wc -l) wheels in $WHEELS ($(du -sh "$WHEELS" | cut -f1)); carry it: carry=[\"$WHEELS\"]" >&2
     exit 0 ;;
   --dry-run)
