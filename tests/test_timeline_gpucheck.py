@@ -3,6 +3,7 @@ refuses with one sentence; every CUDA twin exists, compiles, and expects checks 
 from __future__ import annotations
 
 import importlib.util
+import json
 import py_compile
 import re
 import subprocess
@@ -78,3 +79,20 @@ def test_summary_reports_failed_parts():
     assert "overhead   FAIL overhead 1.7%" in text
     assert "tf32_off" in text and "matmul.tf32 did not fire" in text
     assert "gpus       not run" in text
+
+
+def test_twin_runner_plumbing_on_cpu(tmp_path):
+    """The twins part end to end on a CPU (the twin's device switched to cpu): the `diag check` report is
+    written, parsed, and a failed expectation (the device clock, absent on a CPU run) is reported."""
+    mod = _gpu_check()
+    mod.TWINS = [("exposed_cpu", "exposed_data_wait.py", 8, {"DIAG_TWIN_DEVICE": "cpu"},
+                  {"fire": ["dataloader.workers"], "evidence": {"dataloader.workers": [("clock", "==", "device")]}})]
+    run = mod.Run(tmp_path, budget=300)
+    mod.part_twins(run)
+    res = run.figures["parts"]["twins"]["workloads"]["exposed_cpu"]
+    assert (tmp_path / "reports" / "exposed_cpu.json").exists()
+    assert (tmp_path / "logs" / "twin-exposed_cpu.log").exists()
+    assert res["findings"]["dataloader.workers"]["severity"] in ("warning", "error"), res
+    assert res["ok"] is False
+    assert any("clock='host'" in p for p in res["problems"]), res["problems"]
+    assert json.loads((tmp_path / "figures.json").read_text())["parts"]["twins"]["ok"] is False

@@ -170,6 +170,7 @@ class LoopSim:
         self.clock.sync()
         self.clock.cpu(0.001)
         self.ext.on_exit(self.ctx, "completed")
+        self.ext.uninstall(self.ctx)
 
     def timeline_events(self) -> list[dict]:
         return [e for e in self.ctx.events if e.get("path", "").startswith("timeline")]

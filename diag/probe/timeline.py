@@ -264,9 +264,9 @@ class TimelineProbe:
                 ctx.disable(self)       # CPU machine: zero cost, no hook ever called
                 return
             clock = CudaClock(torch)
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-            self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
+        self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self.rec = TimelineRecorder(clock, now=getattr(clock, "now", time.perf_counter))
         self._ctx = ctx
         from diag.probe.perf import sync as perf_sync
@@ -279,6 +279,7 @@ class TimelineProbe:
         from diag.probe.perf import sync as perf_sync
 
         remove_hooks(self._handles)
+        self._handles = []
         if self._listener in perf_sync.COPY_LISTENERS:
             perf_sync.COPY_LISTENERS.remove(self._listener)
         self._on = False
