@@ -73,15 +73,23 @@ class Clock(Protocol):
 
 
 class CudaClock:
-    """Timing-enabled CUDA events on the current stream."""
+    """Timing-enabled CUDA events on the current stream, reused once their step is resolved (creating
+    and destroying a CUDA event per mark would cost more than recording it)."""
+
+    POOL = 1024
 
     def __init__(self, torch):
         self._Event = torch.cuda.Event
+        self._free: list = []
 
     def record(self):
-        e = self._Event(enable_timing=True)
+        e = self._free.pop() if self._free else self._Event(enable_timing=True)
         e.record()
         return e
+
+    def release(self, handle) -> None:
+        if len(self._free) < self.POOL:
+            self._free.append(handle)
 
     def query(self, handle) -> bool:
         return handle.query()
@@ -165,7 +173,19 @@ class TimelineRecorder:
             rec = self._resolve(st)
             out.append(rec)
             self._add(rec)
+            self._release(st)
         return out
+
+    def _release(self, st: _PendingStep) -> None:
+        """Hand the resolved step's events back to the clock for reuse: all but its last (the next
+        step measures from it) and the previous step's last (no longer needed)."""
+        release = getattr(self.clock, "release", None)
+        if release is None:
+            return
+        if st.prev_end is not None:
+            release(st.prev_end[0])
+        for _label, h, _t in st.marks[:-1]:
+            release(h)
 
     def _resolve(self, st: _PendingStep) -> dict:
         el = self.clock.elapsed_ms
