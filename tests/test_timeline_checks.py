@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import importlib
 
+import pytest
+
 from diag.checks.dataloader import dataloader_main_thread_data, dataloader_workers
 from diag.checks.distributed import straggler
 from diag.checks.tuning import compile_unused
@@ -134,3 +136,29 @@ def test_cpu_run_keeps_the_host_clock():
     (f,) = run_check(dataloader_workers, ev)
     assert _sev(f) in BAD and f.evidence["clock"] == "host"
     assert "device clock" not in f.message
+
+
+def _mfu_evidence(timeline: bool):
+    b = (EvidenceBuilder().cuda_training(device="NVIDIA H100 80GB HBM3").steps(10, total_s=0.5, samples=64)
+         .section("flops", status="measured step 3", measured={
+             "step": 3, "flops": 1.2e14, "model_flops": 1.2e14, "forward_flops": 4e13, "backward_flops": 8e13,
+             "precision": "bf16", "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "world_size": 1}))
+    if timeline:   # the GPU was busy 0.25 s of each 0.5 s step (idle waiting for data the rest)
+        b.section("timeline", clock="device", steps=[
+            {"index": i, "device_s": 0.5, "host_s": 0.5, "busy_s": 0.25, "idle_s": 0.25, "idle": {"data": 0.25},
+             "phases": {"data": 0.25, "forward": 0.08, "backward": 0.15, "optimizer": 0.02}, "marks": 6}
+            for i in range(1, 11)])
+    return b.build()
+
+
+def test_mfu_reports_wall_and_busy_time_separately():
+    from diag.checks.cost import cost_mfu
+
+    (f,) = run_check(cost_mfu, _mfu_evidence(True))
+    assert f.evidence["mfu_clock"] == "wall"
+    assert f.evidence["device_busy_s"] == 0.25
+    assert f.evidence["mfu_busy"] == pytest.approx(2 * f.evidence["mfu"], rel=1e-3)
+    assert "over the GPU's busy time" in f.message and "on wall time" in f.message
+    (h,) = run_check(cost_mfu, _mfu_evidence(False))
+    assert "mfu_busy" not in h.evidence and "busy time" not in h.message
+    assert h.evidence["mfu"] == f.evidence["mfu"]
