@@ -63,7 +63,7 @@ def test_exposed_data_wait_is_found_with_gpu_idle_numbers():
 def test_no_check_reports_a_data_stall_the_device_timeline_shows_hidden():
     ev = _hidden_run()
     findings = []
-    for name in ("dataloader", "tuning", "cost", "sync", "eval", "amp", "parallel", "run", "gpu", "memory"):
+    for name in ("dataloader", "tuning", "cost", "sync", "eval", "amp", "parallel", "run", "gpu", "memory", "timeline"):
         mod = importlib.import_module(f"diag.checks.{name}")
         for spec in _specs_in(mod, name):
             findings += run_check(spec, ev)
@@ -162,3 +162,23 @@ def test_mfu_reports_wall_and_busy_time_separately():
     (h,) = run_check(cost_mfu, _mfu_evidence(False))
     assert "mfu_busy" not in h.evidence and "busy time" not in h.message
     assert h.evidence["mfu"] == f.evidence["mfu"]
+
+
+def test_gpu_idle_headline_by_cause():
+    from diag.checks.timeline import gpu_idle
+
+    (f,) = run_check(gpu_idle, _exposed_run())
+    assert _sev(f) == "warning"
+    assert f.message.startswith("The GPU was idle 43% of the step; 43 points of it waiting for data")
+    assert "device clock" in f.message and "num_workers" in (f.snippet or "")
+    assert f.evidence["idle_causes"]["data"] == pytest.approx(0.43, abs=0.02)
+    (p,) = run_check(gpu_idle, _hidden_run())
+    assert _sev(p) == "pass" and "idle 0%" in p.message
+    sync = run_loop(20, lambda s, i: _train(s, data_s=0.0, item=True, after=0.020)).evidence(sync_per_step=1)
+    (g,) = run_check(gpu_idle, sync)
+    assert _sev(g) == "info" and "after host syncs" in g.message and "sync.host-device" in g.fix
+    (k,) = run_check(gpu_idle, _host_only(_exposed_run()))
+    assert _sev(k) == "skipped" and "No device timeline" in k.message
+    cpu = EvidenceBuilder().model().steps(5).build()
+    (c,) = run_check(gpu_idle, cpu)
+    assert _sev(c) == "skipped"
