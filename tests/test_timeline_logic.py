@@ -214,3 +214,40 @@ def test_reused_events_give_the_same_timeline():
     pooled = run_loop(40, body, clock=PoolClock())
     assert _steps(pooled) == _steps(plain)
     assert pooled.clock.created < plain.clock.recorded / 3      # most events were reused
+
+
+class CapturingClock(ScriptedClock):
+    """No event can be recorded while ``capturing`` (as during a CUDA graph capture)."""
+
+    capturing = False
+
+    def record(self):
+        return None if self.capturing else super().record()
+
+
+def test_steps_inside_a_graph_capture_are_skipped_without_harm():
+    clock = CapturingClock()
+
+    def body(s, i):
+        clock.capturing = i in (3, 4)          # two whole steps captured
+        _train(s, data_s=0.002, item=True)
+        clock.capturing = False
+
+    sim = run_loop(10, body, clock=clock)
+    idx = [d["index"] for d in _steps(sim)]
+    assert 4 not in idx and 5 not in idx and len(idx) == 8
+    assert sim.ctx.errors == []
+
+
+def test_copies_from_another_thread_are_not_marked():
+    import threading
+
+    sim = LoopSim()
+    before = sim.clock.recorded
+    t = threading.Thread(target=sim.ext._on_copy, args=("start",))
+    t.start()
+    t.join()
+    assert sim.clock.recorded == before
+    sim.ext._on_copy("start")
+    assert sim.clock.recorded == before + 1
+    sim.finish()

@@ -32,6 +32,7 @@ The logic (:class:`TimelineRecorder`) is written against a small clock interface
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from typing import Any, Protocol
@@ -60,7 +61,8 @@ class Clock(Protocol):
     """The event interface the timeline needs (CUDA events in the probe, a script in tests)."""
 
     def record(self) -> Any:
-        """Record an event on the current stream now; return its handle."""
+        """Record an event on the current stream now; return its handle (None: no event can be
+        recorded now, e.g. during a CUDA graph capture; the mark is skipped)."""
         ...
 
     def query(self, handle: Any) -> bool:
@@ -80,9 +82,12 @@ class CudaClock:
 
     def __init__(self, torch):
         self._Event = torch.cuda.Event
+        self._capturing = torch.cuda.is_current_stream_capturing
         self._free: list = []
 
     def record(self):
+        if self._capturing():
+            return None     # inside a CUDA graph capture an event would become part of the graph
         e = self._free.pop() if self._free else self._Event(enable_timing=True)
         e.record()
         return e
@@ -141,7 +146,9 @@ class TimelineRecorder:
                 return
             self.truncated += 1
             cur.marks.pop()
-        cur.marks.append((label, self.clock.record(), self.now()))
+        h = self.clock.record()
+        if h is not None:
+            cur.marks.append((label, h, self.now()))
 
     def begin_step(self, index: int) -> None:
         cur = self.current
@@ -153,6 +160,8 @@ class TimelineRecorder:
     def end_step(self, index: int, host: dict | None = None) -> None:
         self.mark("step_end")
         cur, self.current = self.current, None
+        if not cur.marks:
+            return          # no event could be recorded in this step (a CUDA graph replayed it all)
         cur.index = index or cur.index
         cur.host = host or {}
         last = cur.marks[-1]
@@ -271,6 +280,7 @@ class TimelineProbe:
         self._handles: list = []
         self._listener = None
         self._last_end_host = 0.0
+        self._thread = None
 
     def install(self, ctx) -> None:
         if not enabled_by_env():
@@ -288,6 +298,7 @@ class TimelineProbe:
 
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self.rec = TimelineRecorder(clock, now=getattr(clock, "now", time.perf_counter))
+        self._thread = threading.get_ident()
         self._ctx = ctx
         from diag.probe.perf import sync as perf_sync
 
@@ -321,7 +332,8 @@ class TimelineProbe:
         rec.mark("data_start" if edge == "start" else "data_end")
 
     def _on_copy(self, edge: str) -> None:
-        if self._on and self.rec is not None:
+        # only the training thread's copies (a prefetching thread's would interleave with its marks)
+        if self._on and self.rec is not None and threading.get_ident() == self._thread:
             self.rec.mark("h2d_start" if edge == "start" else "h2d_end")
 
     def _opt_pre(self, opt, args, kwargs):
