@@ -10,7 +10,7 @@
 #                                    system's torch, the wheels of .gpu-wheels/ into .gpu-venv/), run
 #
 # With the device tool: run(command="scripts/gpu-check.sh", carry=[".gpu-wheels"]) after --prepare;
-# everything comes back under $OUT. Parts: gpus gpu_tests twins overhead mfu nvml_cost.
+# everything comes back under $OUT. Parts (in this order): gpus twins overhead mfu nvml_cost gpu_tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
