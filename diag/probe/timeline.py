@@ -248,17 +248,23 @@ class TimelineRecorder:
         t = self.totals
         self.resolved += 1
         t["steps"] += 1
-        for k in ("device_s", "busy_s", "idle_s"):
-            t[k] = round(t[k] + rec[k], 7)
+        t["device_s"] += rec["device_s"]
+        t["busy_s"] += rec["busy_s"]
+        t["idle_s"] += rec["idle_s"]
+        ti, tp = t["idle"], t["phases"]
         for k, v in rec["idle"].items():
-            t["idle"][k] = round(t["idle"].get(k, 0.0) + v, 7)
+            ti[k] = ti.get(k, 0.0) + v
         for k, v in rec["phases"].items():
-            t["phases"][k] = round(t["phases"].get(k, 0.0) + v, 7)
+            tp[k] = tp.get(k, 0.0) + v
 
     def state(self) -> dict:
+        t = self.totals
+        totals = {"steps": t["steps"], "device_s": round(t["device_s"], 6), "busy_s": round(t["busy_s"], 6),
+                  "idle_s": round(t["idle_s"], 6), "idle": {k: round(v, 6) for k, v in t["idle"].items()},
+                  "phases": {k: round(v, 6) for k, v in t["phases"].items()}}
         return {"clock": "device", "resolved": self.resolved, "pending": len(self.ring),
                 "dropped": self.dropped, "truncated": self.truncated, "ring": self.ring_size,
-                "totals": self.totals}
+                "totals": totals}
 
 
 def _r(x):
