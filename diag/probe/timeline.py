@@ -41,6 +41,7 @@ RING = 64               # steps waiting for their events to complete (older ones
 KEEP_STEPS = 500        # resolved steps written to the evidence (the newest; totals cover all)
 FLUSH_EVERY = 20        # totals are written every this many resolved steps (and at exit)
 MAX_MARKS = 64          # marks kept per step (a step with more, e.g. a huge accumulation, is truncated)
+EXIT_WAIT_S = 5.0       # at the end of the run: at most this long (polling, no synchronize) for pending steps
 
 # What the host is doing after a mark, until the next one. "idle" intervals queue no GPU work, so
 # the device time between their two events is GPU idle time.
@@ -371,7 +372,7 @@ class TimelineProbe:
         if rec is None or not self._on:
             return
         # one bounded wait at the very end (not the hot path): let the last steps resolve
-        deadline = time.perf_counter() + 2.0
+        deadline = time.perf_counter() + EXIT_WAIT_S
         done = rec.poll()
         while rec.ring and time.perf_counter() < deadline:
             time.sleep(0.005)
