@@ -38,6 +38,11 @@ from typing import Any, Callable, Iterable
 
 from diag.evidence import DeviceInfo, Evidence, ModelInfo, RankEvidence, median
 from diag.findings import Finding, Location, Severity
+from diag.timeline import DataWait, TimelineSummary
+from diag.timeline import data_wait as _data_wait
+from diag.timeline import device_busy as _device_busy
+from diag.timeline import device_phases as _device_phases
+from diag.timeline import summarize as _summarize
 from diag.units import fmt_bytes, fmt_count, fmt_flops, fmt_hours, fmt_pct, fmt_sci, fmt_seconds
 
 API_VERSION = "1.0"
@@ -400,3 +405,35 @@ __all__ += [
     "mean", "no_gpu_reason", "percentile", "run_devices", "training_window", "window_values",
     "expandable_segments_enabled", "fragmentation", "parse_oom", "accumulation_plan", "accumulation_snippet",
 ]
+
+
+# ---- the device clock (CUDA runs with a device timeline; docs/timeline.md) --------------------------
+
+def data_wait(r: RankEvidence) -> DataWait:
+    """The share of step time lost waiting for data and the clock it was judged on: ``"device"``
+    (GPU idle caused by data wait, from ``r.timeline``) when the run has a device timeline, else
+    ``"host"`` (the DataLoader wait on the host clock). ``.hidden(threshold)`` says the host waited
+    while the GPU did not idle for it; ``.evidence()`` and ``.sentence()`` give the numbers."""
+    return _data_wait(r)
+
+
+def gpu_timeline(r: RankEvidence) -> TimelineSummary | None:
+    """GPU busy/idle of a rank on the device clock, idle attributed by cause (None: no device
+    timeline, i.e. a CPU run or the timeline switched off)."""
+    return _summarize(r)
+
+
+def device_busy(r: RankEvidence) -> "tuple[float, float, int] | None":
+    """(median GPU busy seconds per step, median device span per step, steps), or None without a
+    device timeline."""
+    return _device_busy(r)
+
+
+def device_phases(r: RankEvidence, skip_warmup: int = 1) -> "dict | None":
+    """A rank's median phases on the device clock (``data_s`` is GPU idle waiting for data), in the
+    shape of the host phases (``total_s``, ``data_s``, ``forward_s``, ``backward_s``, ``optimizer_s``,
+    ``other_s``, ``n``); None without a device timeline."""
+    return _device_phases(r, skip_warmup)
+
+
+__all__ += ["DataWait", "TimelineSummary", "data_wait", "gpu_timeline", "device_busy", "device_phases"]

@@ -1,7 +1,7 @@
 """Cost checks: the model FLOPs utilisation the run achieved, measured on one real step."""
 from __future__ import annotations
 
-from diag.checks.api import check, DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, flops_summary, Severity, TYPICAL_MFU
+from diag.checks.api import device_busy, check, DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, flops_summary, Severity, TYPICAL_MFU
 
 from ._util import ms, pct
 
@@ -116,6 +116,11 @@ def cost_mfu(ctx):
         "samples_per_s": s["samples_per_s"], "tokens_per_s": s["tokens_per_s"],
         "counter_overhead_ratio": s["overhead_ratio"], "ratio_to_6ND": m.get("ratio_to_analytic"),
     }
+    numbers["mfu_clock"] = "wall"          # MFU over the wall-clock step (what a job pays for)
+    busy = device_busy(r)                  # CUDA runs with a device timeline: also over GPU busy time
+    if busy and busy[0] > 0 and s["mfu"] is not None and s["step_s"]:
+        numbers.update(device_busy_s=round(busy[0], 6), device_step_s=round(busy[1], 6),
+                       mfu_busy=round(s["mfu"] * s["step_s"] / busy[0], 4))
     achieved = f"{s['model_flops_per_s'] / 1e12:.3g} TFLOP/s" if s["model_flops_per_s"] >= 1e11 else \
         f"{s['model_flops_per_s'] / 1e9:.3g} GFLOP/s"
     rate = (f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s")
@@ -137,6 +142,9 @@ def cost_mfu(ctx):
             f"dense peak of {(m.get('peak_flops') or 0) / 1e12:,.1f} TFLOPS ({device}), median step {ms(s['step_s'])}")
     if m.get("recompute_detected") and s.get("hfu"):
         base += f", HFU {pct(s['hfu'])}"
+    if "mfu_busy" in numbers:
+        base += (f" (on wall time; {pct(numbers['mfu_busy'])} over the GPU's busy time, "
+                 f"{ms(numbers['device_busy_s'])} per step on the device clock)")
     if mfu > 1.0:
         yield ctx.finding(
             severity=Severity.WARNING, title="MFU above 100%",

@@ -2,7 +2,7 @@
 batches built by hand in the training loop."""
 from __future__ import annotations
 
-from diag.checks.api import check, cuda_training, device_types, median, training_models, Severity
+from diag.checks.api import check, cuda_training, data_wait, device_types, median, training_models, Severity
 
 import math
 
@@ -151,6 +151,15 @@ def dataloader_workers(ctx):
                "cpu_training": on_cpu, "framework": fw,
                "wait_per_batch_steady_s": round(steady, 6) if steady is not None else None,
                "first_batch_mean_s": round(first, 6) if first is not None else None}
+    dw = data_wait(r)   # on CUDA runs with a device timeline: judged on GPU idle caused by data wait
+    numbers.update(dw.evidence())
+    if dw.hidden(WARN_SHARE):
+        yield ctx.passed(f"The host waited for data {pct(dw.host_share)} of step time, but the wait is hidden: "
+                         f"the GPU idled {pct(dw.share)} of the step for it (device clock).", **numbers,
+                         title="Data wait hidden behind GPU work")
+        return
+    if dw.clock == "device":
+        frac = dw.share
     if frac < WARN_SHARE or wait < MIN_MAIN_THREAD_GAP_S:
         # under 0.5 ms per step there is nothing workers can win back: handing a batch over from a
         # worker process costs about as much
@@ -205,7 +214,8 @@ def dataloader_workers(ctx):
     yield ctx.finding(
         severity=sev,
         message=f"The model waited for data {pct(frac)} of step time ({ms(wait)} of {ms(wait + compute)} "
-                f"per step over {n} steps) with num_workers={loader.num_workers} on {cpus} CPUs.",
+                f"per step over {n} steps) with num_workers={loader.num_workers} on {cpus} CPUs."
+                + dw.sentence(),
         evidence=numbers,
         why="While the main process fetches and collates the next batch, the model does nothing; "
             "this time is lost on every step.",
@@ -399,6 +409,16 @@ def dataloader_main_thread_data(ctx):
     numbers = {"pre_forward_share": round(share, 4), "pre_forward_s": round(gap, 6), "step_s": round(total, 6),
                "other_share": round(other / total, 4) if total > 0 else None, "steps": len(gaps),
                "dataloader": bool(loaders)}
+    dw = data_wait(r)   # device clock: the GPU idle of data, copies and the code between steps
+    tl = dw.summary
+    if tl is not None:
+        dev_share = sum(tl.causes.get(k, 0.0) for k in ("data", "h2d", "host", "sync"))
+        numbers.update(dw.evidence(), gpu_idle_main_thread_share=round(dev_share, 4))
+        if share >= WARN_SHARE and dev_share < WARN_SHARE:
+            yield ctx.passed(f"{pct(share)} of step time ({ms(gap)}) passes between a step's end and the next forward "
+                             f"on the host, but it is hidden: the GPU idled {pct(dev_share)} of the step outside its "
+                             "kernels (device clock).", **numbers, title="Main-thread work hidden behind GPU work")
+            return
     if share < WARN_SHARE or gap < MIN_MAIN_THREAD_GAP_S:
         yield ctx.passed(f"{pct(share)} of step time ({ms(gap)}) passes between a step's end and the next "
                      "forward outside the DataLoader.", **numbers, title="Little work between steps")

@@ -2,7 +2,7 @@
 sharing a device. Pure functions of Evidence (one RankEvidence per rank; see docs/distributed.md)."""
 from __future__ import annotations
 
-from diag.checks.api import check, median, Severity
+from diag.checks.api import check, device_phases, median, Severity
 
 from ._util import gib, ms, pct
 
@@ -49,13 +49,18 @@ def _async_loading(r) -> bool:
     return max(r.dataloaders, key=lambda d: d.batches).num_workers > 0
 
 
-def rank_phases(r, skip_warmup: int = 1) -> dict | None:
-    """Medians over a rank's timed steps of each phase, its collective wait and its batch size."""
+def rank_phases(r, skip_warmup: int = 1, device: bool = False) -> dict | None:
+    """Medians over a rank's timed steps of each phase, its collective wait and its batch size; with
+    ``device``, the phases on the device clock (CUDA events) where the rank recorded a timeline."""
     steps = r.timed_steps(skip_warmup)
     if not steps:
         return None
+    dev = device_phases(r, skip_warmup) if device else None
     out = {name: median([getattr(s, name) for s in steps]) for name, _ in PHASES}
     out["total_s"] = median([s.total_s for s in steps])
+    if dev is not None:
+        out.update({k: dev[k] for k in ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s", "total_s")})
+    out["clock"] = "device" if dev is not None else "host"
     out["comm_wait_s"] = median([float(s.extra.get("comm_wait_s", 0.0) or 0.0) for s in steps])
     sizes = [s.samples for s in steps if s.samples]
     out["samples"] = median(sizes) if sizes else None
@@ -87,8 +92,9 @@ def straggler(ctx):
         return
     phases = {}
     short = []
+    on_device = all(device_phases(r) is not None for r in ev.ranks)   # every rank has a device timeline
     for r in ev.ranks:
-        p = rank_phases(r)
+        p = rank_phases(r, device=on_device)
         if p is None or p["n"] < MIN_STEPS:
             short.append(f"rank {r.rank}: {0 if p is None else p['n']}")
             continue
@@ -141,7 +147,7 @@ def straggler(ctx):
     others = [q for k, q in phases.items() if k != rank]
     others_wait = median([q["comm_wait_s"] for q in others]) if measured else None
     sev = Severity.ERROR if score >= STRAGGLER_ERROR else Severity.WARNING
-    numbers = {"rank": rank, "host": _host(r), "phase": label, "phase_s": round(value, 6),
+    numbers = {"clock": p.get("clock", "host"), "rank": rank, "host": _host(r), "phase": label, "phase_s": round(value, 6),
                "others_phase_s": round(ref, 6), "excess_s": round(value - ref, 6), "step_s": round(step, 6),
                "score": round(score, 4), "ranks": len(phases), "comm_wait_measured": measured}
     against = "of data wait and all-reduce wait together" if adjusted else ""

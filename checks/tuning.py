@@ -2,7 +2,7 @@
 auto-tuner, zeroing gradients, optimizer implementations, debugging APIs left on, torch.compile."""
 from __future__ import annotations
 
-from diag.checks.api import check, cuda_training, Severity
+from diag.checks.api import data_wait, check, cuda_training, Severity
 
 from ._perf import (PERF_MISSING, amdahl, guide, perf_ran, phase_medians, short_file, size,
                     training_models, training_sites)
@@ -287,14 +287,17 @@ def compile_unused(ctx):
         yield ctx.skip("No training step was observed.")
         return
     share = ph["compute_share"]
-    dw = r.data_wait_share()      # the one data-wait share (the same number dataloader.workers reports)
-    data_share = dw["share"] if dw else ph["data_s"] / ph["total_s"]
+    host = r.data_wait_share()    # the one data-wait share (the same number dataloader.workers reports)
+    data_share = host["share"] if host else ph["data_s"] / ph["total_s"]
+    dw = data_wait(r)   # CUDA runs with a device timeline: data wait as GPU idle (hidden waits do not count)
+    if dw.clock == "device" and dw.share is not None:
+        data_share = dw.share
     gain_s = ph["total_s"] - ph["total_s"] / amdahl(share, COMPILE_SPEEDUP)
     breakeven = int(COMPILE_COST_S / gain_s) + 1 if gain_s > 0 else None
     numbers = {"step_s": round(ph["total_s"], 6), "forward_backward_share": round(share, 4),
                "data_share": round(data_share, 4), "expected_saving_per_step_s": round(gain_s, 7),
                "break_even_steps": breakeven, "assumed_compile_s": COMPILE_COST_S,
-               "assumed_speedup": COMPILE_SPEEDUP}
+               "assumed_speedup": COMPILE_SPEEDUP, "clock": dw.clock}
     if data_share >= DATA_BOUND_SHARE:
         cond = (f"not yet: the step waits for data {pct(data_share)} of the time, and compile only speeds up "
                 "forward/backward; fix the data pipeline first")

@@ -23,6 +23,7 @@ docs/evidence.md is generated from them (``python -m diag.evidence.docs``)::
         memory                        memory.py (MemorySection, MemoryDevice)
         flops                         flops.py (FlopsSection, FlopsMeasured)
         amp, sync, distributed        amp.py, sync.py, distributed.py
+        timeline                      timeline.py (TimelineSection; CUDA runs)
         extras                        extras.py (ExtrasSection)
         probe                         probe.py (ProbeSection)
       gpu: GpuTelemetry               gpu.py
@@ -53,6 +54,7 @@ from diag.evidence.rank import MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_
 from diag.evidence.run import ExceptionInfo, RunInfo
 from diag.evidence.steps import StepRecord, StepStats
 from diag.evidence.sync import SyncSection
+from diag.evidence.timeline import TimelineSection
 
 _median = median
 
@@ -67,7 +69,7 @@ __all__ = [
     "MAX_EXCEPTIONS_KEPT", "MAX_LIST_SECTION", "Evidence", "RunInfo", "Environment", "DeviceInfo",
     "RankEvidence", "StepRecord", "StepStats", "DataLoaderInfo", "ModelInfo", "ForwardSite", "OptimizerInfo",
     "ExceptionInfo", "MemorySection", "MemoryDevice", "FlopsSection", "FlopsMeasured", "AmpSection",
-    "SyncSection", "DistributedSection", "ExtrasSection", "ProbeSection", "GpuTelemetry", "MemoryPlan", "Section",
+    "SyncSection", "DistributedSection", "ExtrasSection", "ProbeSection", "TimelineSection", "GpuTelemetry", "MemoryPlan", "Section",
     "SchemaError", "EvaluationPass", "FrameworkInfo", "ChildProcess", "load_evidence", "median", "build",
     "_json_default", "_from_dict", "_median",
 ]

@@ -13,7 +13,7 @@ import sys
 from diag.evidence import (SCHEMA_VERSION, AmpSection, ChildProcess, EvaluationPass, FrameworkInfo, DataLoaderInfo, DeviceInfo, DistributedSection, Environment,
                            Evidence, ExceptionInfo, ExtrasSection, FlopsMeasured, FlopsSection, ForwardSite,
                            GpuTelemetry, MemoryDevice, MemoryPlan, MemorySection, ModelInfo, OptimizerInfo,
-                           ProbeSection, RankEvidence, RunInfo, StepRecord, StepStats, SyncSection)
+                           ProbeSection, RankEvidence, RunInfo, StepRecord, StepStats, SyncSection, TimelineSection)
 from diag.evidence._schema import field_docs
 
 INTRO = f"""\
@@ -100,6 +100,7 @@ SECTIONS = [
     (FlopsMeasured, "FlopsMeasured", "`ranks[i].flops.measured`"),
     (AmpSection, "AmpSection", "`ranks[i].amp` ([performance-checks.md](performance-checks.md))"),
     (SyncSection, "SyncSection", "`ranks[i].sync` ([performance-checks.md](performance-checks.md))"),
+    (TimelineSection, "TimelineSection", "`ranks[i].timeline` ([timeline.md](timeline.md))"),
     (DistributedSection, "DistributedSection", "`ranks[i].distributed` ([distributed.md](distributed.md))"),
     (ExtrasSection, "ExtrasSection", "`ranks[i].extras` ([performance-checks.md](performance-checks.md))"),
     (ProbeSection, "ProbeSection", "`ranks[i].probe` ([performance.md](performance.md))"),

@@ -27,4 +27,4 @@ ALL = (START, ENV, MODEL, FORWARD_SITE, FORWARD_COUNTS, STEP, DATALOADER, OPTIMI
        EVALUATION, FRAMEWORK, CHILD, PROBE_ERROR, SET, APPEND, MERGE)
 
 # Rank sections addressable by set/append/merge paths ("memory.steps", "extras.perf", ...).
-SECTIONS = ("memory", "flops", "amp", "sync", "distributed", "extras", "probe")
+SECTIONS = ("memory", "flops", "amp", "sync", "distributed", "extras", "probe", "timeline")

@@ -17,6 +17,7 @@ from diag.evidence.probe import ProbeSection
 from diag.evidence.run import ExceptionInfo
 from diag.evidence.steps import StepRecord, StepStats
 from diag.evidence.sync import SyncSection
+from diag.evidence.timeline import TimelineSection
 
 # Bounds that keep Evidence small for long runs: the newest steps are kept in full, older ones
 # only in the running aggregates (`StepStats`).
@@ -25,7 +26,8 @@ MAX_EXCEPTIONS_KEPT = 20
 MAX_LIST_SECTION = 2000
 
 _RANK_SECTIONS = {"memory": MemorySection, "flops": FlopsSection, "amp": AmpSection, "sync": SyncSection,
-                  "distributed": DistributedSection, "extras": ExtrasSection, "probe": ProbeSection}
+                  "distributed": DistributedSection, "extras": ExtrasSection, "probe": ProbeSection,
+                  "timeline": TimelineSection}
 
 
 @dataclass
@@ -57,6 +59,7 @@ class RankEvidence:
     distributed: DistributedSection = field(default_factory=DistributedSection)  # backend, DDP, collectives
     extras: ExtrasSection = field(default_factory=ExtrasSection)  # the perf extension's records, probe errors
     probe: ProbeSection = field(default_factory=ProbeSection)    # diag's probe's own cost over the run
+    timeline: TimelineSection = field(default_factory=TimelineSection)  # CUDA runs: device time per step, GPU idle
 
     def __setattr__(self, name: str, value: Any) -> None:
         cls = _RANK_SECTIONS.get(name)

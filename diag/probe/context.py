@@ -158,6 +158,9 @@ class Extension(Protocol):
     ``on_graph_forward(ctx, module, args, kwargs, output, site)`` a top-level forward outside training
                                                      built an autograd graph (eval mode, grad enabled;
                                                      ``site``: the ``forward_site`` record).
+    ``on_data(ctx, edge)``                           around each training-loop ``DataLoader.__next__``:
+                                                     ``edge`` is ``"start"`` (before the fetch) or ``"end"``
+                                                     (the batch arrived, before the step is opened for it).
     ``on_step_start(ctx, index)``                    a step opened (``ctx.current_step`` is it).
     ``on_step_end(ctx, step)``                       a step closed; ``step`` is the step event, still
                                                      mutable: add keys to ``step["extra"]``.
@@ -173,8 +176,8 @@ class Extension(Protocol):
     def uninstall(self, ctx: ProbeContext) -> None: ...
 
 
-HOOKS = ("install", "uninstall", "on_model", "on_forward_start", "on_forward", "on_graph_forward", "on_step_start",
-         "on_step_end", "on_exit")
+HOOKS = ("install", "uninstall", "on_model", "on_forward_start", "on_forward", "on_graph_forward", "on_data",
+         "on_step_start", "on_step_end", "on_exit")
 
 
 __all__ = ["Extension", "HOOKS", "ProbeContext", "StepState"]

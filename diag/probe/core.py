@@ -341,6 +341,8 @@ class Probe(StepRules):
             probe._before_data(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
             t0 = time.perf_counter()
+            if probe.extensions:
+                probe._ext("on_data", "start")
             probe._in_data += 1
             probe._own_ns += _ns() - n0
             try:
@@ -353,6 +355,8 @@ class Probe(StepRules):
                 raise
             probe._in_data -= 1
             n0, closed = _ns(), probe.steps_done
+            if probe.extensions:
+                probe._ext("on_data", "end")
             probe._on_batch(it, time.perf_counter() - t0, batch, t0)
             if probe.steps_done == closed:   # a step closed in there counted itself
                 probe._own_ns += _ns() - n0

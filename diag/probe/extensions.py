@@ -14,6 +14,7 @@ DEFAULT_EXTENSIONS: list[str] = [
     "diag.probe.distributed:DistributedProbe",
     "diag.probe.flops:FlopCounter",
     "diag.probe.memory:MemoryProbe",
+    "diag.probe.timeline:TimelineProbe",     # CUDA only: removes itself on a CPU machine
 ]
 
 

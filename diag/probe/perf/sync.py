@@ -14,6 +14,10 @@ SYNC_MSG = "called a synchronizing CUDA operation"   # the text of torch's sync 
 SYNC_FIRST_STEP = 1     # the window opens at the end of this step (the first one is warm-up)
 SYNC_STEPS = 20         # steps counted inside the window
 
+# Called with "start" / "end" around each host-to-device copy the copy watch sees (the device
+# timeline, diag.probe.timeline, times copies here instead of patching Tensor.to a second time).
+COPY_LISTENERS: list = []
+
 
 def h2d_target(args, kwargs):
     """The device type a ``Tensor.to(...)``/``.cuda(...)`` call copies to (None when it keeps the
@@ -162,18 +166,24 @@ class SyncRecorder:
 
         def to(t, *args, **kwargs):
             if ext._copy_watch:
+                h2d = False
                 try:
-                    ext._on_copy(t, args, kwargs, None)
+                    h2d = ext._on_copy(t, args, kwargs, None)
                 except Exception:
                     pass
+                if h2d and COPY_LISTENERS:
+                    return _timed_copy(orig_to, t, args, kwargs)
             return orig_to(t, *args, **kwargs)
 
         def cuda(t, *args, **kwargs):
             if ext._copy_watch:
+                h2d = False
                 try:
-                    ext._on_copy(t, args, kwargs, "cuda")
+                    h2d = ext._on_copy(t, args, kwargs, "cuda")
                 except Exception:
                     pass
+                if h2d and COPY_LISTENERS:
+                    return _timed_copy(orig_cuda, t, args, kwargs)
             return orig_cuda(t, *args, **kwargs)
 
         to.__wrapped__, cuda.__wrapped__ = orig_to, orig_cuda
@@ -189,16 +199,18 @@ class SyncRecorder:
         if patches:
             patches.undo()
 
-    def _on_copy(self, t, args, kwargs, target) -> None:
+    def _on_copy(self, t, args, kwargs, target) -> bool:
+        """Count a host-to-device copy; True when the call is one."""
         if t.device.type != "cpu":
-            return
+            return False
         if target is None:
             target, nb = h2d_target(args, kwargs)
         else:
             nb = bool(kwargs.get("non_blocking", False)) or any(a is True for a in args[:2])
         if target != "cuda":
-            return
+            return False
         self.record_copy(t, nb)
+        return True
 
     def record_copy(self, t, non_blocking: bool) -> None:
         """Count one host-to-device copy of CPU tensor ``t`` (public for tests)."""
@@ -215,3 +227,20 @@ class SyncRecorder:
         if len(self._copy_sites) < 100 and self._sync_located < MAX_LOCATE:
             self._sync_located += 1
             _count_at_caller(self._copy_sites)
+
+
+def _timed_copy(orig, t, args, kwargs):
+    """``orig(t, ...)`` with the copy listeners told before and after (a listener that fails is
+    left out; the copy always happens)."""
+    for fn in list(COPY_LISTENERS):
+        try:
+            fn("start")
+        except Exception:
+            pass
+    out = orig(t, *args, **kwargs)
+    for fn in list(COPY_LISTENERS):
+        try:
+            fn("end")
+        except Exception:
+            pass
+    return out

@@ -1,0 +1,373 @@
+"""The GPU validation run (driven by scripts/gpu-check.sh): everything in diag that needs a real NVIDIA
+GPU, each part time-boxed, one summary at the end even when parts fail.
+
+    python scripts/gpu_check.py [--dry-run] [--out DIR] [--only NAME,...] [--budget SECONDS]
+
+Writes under DIR: figures.json (every measured figure and each part's verdict), logs/<part>.log,
+reports/<workload>.json (the `diag check --format json` report of each workload). Exit 0 when every
+part passed, 1 when one failed, 2 on bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CUDA = REPO / "tests" / "scripts" / "cuda"
+
+# The CUDA twins of the planted corpus: (name, script, steps, env, expectation).
+# expectation: {"fire": [ids that must be warning/error]} or {"pass": [ids that must not be]},
+# plus optional "message" substrings per id and "evidence" predicates (key, op, value) per id.
+TWINS = [
+    ("hidden_data_wait", "hidden_data_wait.py", 40, {},
+     {"pass": ["dataloader.workers"], "evidence": {"dataloader.workers": [("clock", "==", "device")]}}),
+    ("exposed_data_wait", "exposed_data_wait.py", 40, {},
+     {"fire": ["dataloader.workers"], "evidence": {"dataloader.workers": [("clock", "==", "device"),
+                                                                         ("gpu_idle_data_share", ">", 0.2)]}}),
+    ("amp_unused", "amp_unused.py", 30, {}, {"fire": ["amp.unused"]}),
+    ("fp16_no_scaler", "fp16_no_scaler.py", 30, {}, {"fire": ["amp.fp16-without-scaler"]}),
+    ("eval_no_grad", "eval_no_grad.py", 30, {}, {"fire": ["eval.no-grad"]}),
+    ("host_sync", "host_sync.py", 40, {}, {"fire": ["sync.host-device"]}),
+    ("pageable_copies", "pageable_copies.py", 40, {}, {"fire": ["dataloader.pin-memory"]}),
+    ("cuda_oom", "cuda_oom.py", None, {"DIAG_MEMORY_ESTIMATE": "1"},
+     {"fire": ["memory.oom"], "message": {"memory.oom": "fits"}}),
+    ("cudnn_benchmark_off", "cudnn_benchmark_off.py", 30, {}, {"fire": ["cudnn.benchmark"]}),
+    ("tf32_off", "tf32_off.py", 30, {}, {"fire": ["matmul.tf32"]}),
+]
+
+# in order of priority: the slow, older gpu tests last, so that a squeezed budget cuts them first
+PARTS = ["gpus", "twins", "overhead", "mfu", "nvml_cost", "gpu_tests"]
+DESCRIBE = {
+    "gpus": "`diag gpus` and `diag gpus --json` on the real driver",
+    "gpu_tests": "pytest -m gpu tests/test_gpu_real.py tests/test_memory_gpu.py (NVML on a real driver; memory "
+                 "estimate vs max_memory_allocated on 3 models)",
+    "twins": "`diag check --format json` on each CUDA twin of the planted corpus (tests/scripts/cuda/), "
+             "expected findings checked: " + ", ".join(t[0] for t in TWINS),
+    "overhead": "probe overhead on a steady-state CUDA step: tests/scripts/cuda/steady_bench.py plain vs under "
+                "`diag check`, 3 paired runs, median",
+    "mfu": "achieved MFU of a bf16 matmul-bound workload (cost.mfu) vs the catalogue peak, and a raw bf16 "
+           "matmul's TFLOP/s",
+    "nvml_cost": "NVML sampler cost: mean seconds per NvmlProvider.sample() over 200 calls",
+}
+TIMEOUT = {"gpus": 60, "gpu_tests": 180, "twin": 60, "overhead": 60, "mfu": 90, "nvml_cost": 40}
+
+
+class Run:
+    def __init__(self, out: Path, budget: float):
+        self.out = out
+        self.logs = out / "logs"
+        self.reports = out / "reports"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.reports.mkdir(parents=True, exist_ok=True)
+        self.figures: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "parts": {}}
+        self.t0 = time.monotonic()
+        self.budget = budget
+        self.diag = [sys.executable, "-m", "diag"]
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.t0)
+
+    def sh(self, name: str, cmd: list[str], timeout: float, env: dict | None = None, cwd: Path | None = None):
+        """Run a command with a time box; its output goes to logs/<name>.log. (rc, stdout, stderr, seconds)."""
+        timeout = max(5.0, min(timeout, self.left() - 5))
+        e = dict(os.environ)
+        e.update(env or {})
+        t = time.monotonic()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=str(cwd or REPO),
+                               start_new_session=True)
+            rc, so, se = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as x:
+            rc = 124
+            so = x.stdout.decode(errors="replace") if isinstance(x.stdout, bytes) else (x.stdout or "")
+            se = (x.stderr.decode(errors="replace") if isinstance(x.stderr, bytes) else (x.stderr or "")) + \
+                f"\n[gpu-check] timed out after {timeout:.0f} s\n"
+        dt = time.monotonic() - t
+        with open(self.logs / f"{name}.log", "a") as f:
+            f.write(f"$ {' '.join(cmd)}\n[rc {rc}, {dt:.1f} s]\n--- stdout ---\n{so}\n--- stderr ---\n{se}\n")
+        return rc, so, se, dt
+
+    def part(self, name: str, ok: bool, **figures):
+        self.figures["parts"][name] = {"ok": ok, **figures}
+        self.save()
+
+    def save(self):
+        self.figures["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        (self.out / "figures.json").write_text(json.dumps(self.figures, indent=1, default=str))
+
+
+# ---- parts -------------------------------------------------------------------------------------------
+
+def part_gpus(run: Run):
+    rc, so, _, dt = run.sh("gpus", run.diag + ["gpus", "--no-processes"], TIMEOUT["gpus"])
+    (run.out / "diag-gpus.txt").write_text(so)
+    rcj, soj, _, _ = run.sh("gpus", run.diag + ["gpus", "--json"], TIMEOUT["gpus"])
+    (run.out / "diag-gpus.json").write_text(soj)
+    names = []
+    try:
+        names = [d.get("name") for d in json.loads(soj).get("devices", [])]
+    except Exception:
+        pass
+    run.part("gpus", rc == 0 and rcj == 0 and bool(names), devices=names, seconds=round(dt, 1))
+
+
+def part_gpu_tests(run: Run):
+    rc, so, se, dt = run.sh("gpu_tests", [sys.executable, "-m", "pytest", "-q", "-s", "-m", "gpu", "-p", "no:cacheprovider",
+                                         "tests/test_gpu_real.py", "tests/test_memory_gpu.py"], TIMEOUT["gpu_tests"])
+    errors = []
+    for m in re.finditer(r"(\S+): estimated ([\d.]+) MiB, measured ([\d.]+) MiB, error ([\d.]+)%", so):
+        errors.append({"model": m.group(1), "estimated_mib": float(m.group(2)), "measured_mib": float(m.group(3)),
+                       "error_pct": float(m.group(4))})
+    tail = (so.strip().splitlines() or [""])[-1]
+    run.part("gpu_tests", rc == 0, summary=tail, memory_estimate=errors, seconds=round(dt, 1))
+
+
+def _findings(report: dict) -> dict:
+    return {f["id"]: f for f in report.get("findings", [])}
+
+
+def _cmp(v, op, ref) -> bool:
+    try:
+        return {"==": v == ref, ">": v > ref, "<": v < ref, ">=": v >= ref}[op]
+    except TypeError:
+        return False
+
+
+def part_twins(run: Run):
+    results = {}
+    for name, script, steps, env, expect in TWINS:
+        if run.left() < 30:
+            results[name] = {"ok": False, "why": "skipped: out of time"}
+            continue
+        rep_path = run.reports / f"{name}.json"
+        cmd = run.diag + ["check", "--script", str(CUDA / script), "--format", "json", "--fail-on", "never",
+                          "--run-dir", str(run.out / "runs" / name), "--output", str(rep_path)]
+        if steps:
+            cmd[4:4] = ["--steps", str(steps)]
+        rc, so, se, dt = run.sh(f"twin-{name}", cmd, TIMEOUT["twin"], env={"PYTHONPATH": str(CUDA), **env})
+        res = {"rc": rc, "seconds": round(dt, 1)}
+        try:
+            report = json.loads(rep_path.read_text())
+        except Exception as e:
+            res.update(ok=False, why=f"no report ({type(e).__name__}); see logs/twin-{name}.log")
+            results[name] = res
+            continue
+        fs = _findings(report)
+        problems = []
+        for cid in expect.get("fire", []):
+            f = fs.get(cid)
+            if f is None or f.get("severity") not in ("warning", "error"):
+                problems.append(f"{cid} did not fire ({f.get('severity') if f else 'absent'}: "
+                                f"{(f or {}).get('message', '')[:160]})")
+        for cid in expect.get("pass", []):
+            f = fs.get(cid)
+            if f is not None and f.get("severity") in ("warning", "error"):
+                problems.append(f"{cid} fired: {f.get('message', '')[:200]}")
+        for cid, text in expect.get("message", {}).items():
+            if text not in (fs.get(cid) or {}).get("message", ""):
+                problems.append(f"{cid}'s message lacks {text!r}")
+        for cid, preds in expect.get("evidence", {}).items():
+            evd = (fs.get(cid) or {}).get("evidence", {})
+            for key, op, ref in preds:
+                if not _cmp(evd.get(key), op, ref):
+                    problems.append(f"{cid}.evidence.{key}={evd.get(key)!r}, expected {op} {ref!r}")
+        watched = set(expect.get("fire", [])) | set(expect.get("pass", []))
+        res["findings"] = {cid: {"severity": fs[cid].get("severity"), "message": fs[cid].get("message"),
+                                 "evidence": fs[cid].get("evidence")} for cid in watched if cid in fs}
+        try:
+            evp = Path(report["run"]["evidence"])
+            tl = json.loads(evp.read_text())["ranks"][0].get("timeline") or {}
+            res["timeline"] = {k: tl.get(k) for k in ("clock", "resolved", "dropped", "pending", "totals")}
+        except Exception:
+            pass
+        res["ok"] = not problems
+        if problems:
+            res["problems"] = problems
+        results[name] = res
+    run.part("twins", all(r.get("ok") for r in results.values()), workloads=results)
+
+
+def part_overhead(run: Run):
+    pairs = []
+    for i in range(3):
+        if run.left() < 40:
+            break
+        row = {}
+        for mode in ("plain", "probe"):
+            out = run.out / f"bench-{mode}-{i}.json"
+            env = {"PYTHONPATH": str(CUDA), "BENCH_OUT": str(out)}
+            if mode == "plain":
+                cmd = [sys.executable, str(CUDA / "steady_bench.py")]
+            else:
+                cmd = run.diag + ["check", "--script", str(CUDA / "steady_bench.py"), "--format", "json",
+                                  "--fail-on", "never", "--run-dir", str(run.out / "runs" / f"bench-{i}"),
+                                  "--output", str(run.reports / f"bench-{i}.json")]
+            rc, _, _, _ = run.sh(f"overhead-{mode}", cmd, TIMEOUT["overhead"], env=env)
+            try:
+                row[mode] = json.loads(out.read_text())["step_ms"]
+            except Exception:
+                row[mode] = None
+        pairs.append(row)
+    ok_pairs = [p for p in pairs if p.get("plain") and p.get("probe")]
+    if not ok_pairs:
+        run.part("overhead", False, pairs=pairs, why="no complete pair")
+        return
+    ratios = [p["probe"] / p["plain"] - 1 for p in ok_pairs]
+    med = statistics.median(ratios)
+    run.part("overhead", med < 0.01, pairs=pairs, overhead_pct=round(med * 100, 3),
+             step_ms_plain=statistics.median(p["plain"] for p in ok_pairs), budget_pct=1.0)
+
+
+RAW_MATMUL = """
+import json, time, torch
+n = 8192
+a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16); b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+for _ in range(5): a @ b
+torch.cuda.synchronize(); t = time.perf_counter(); k = 50
+for _ in range(k): a @ b
+torch.cuda.synchronize(); dt = time.perf_counter() - t
+print(json.dumps({"tflops": 2 * n ** 3 * k / dt / 1e12, "device": torch.cuda.get_device_name()}))
+"""
+
+
+def part_mfu(run: Run):
+    rc, so, _, _ = run.sh("mfu-raw", [sys.executable, "-c", RAW_MATMUL], 60)
+    raw = None
+    try:
+        raw = json.loads(so.strip().splitlines()[-1])
+    except Exception:
+        pass
+    rep_path = run.reports / "bf16_mfu.json"
+    rc2, _, _, _ = run.sh("mfu", run.diag + ["check", "--script", str(CUDA / "bf16_mfu.py"), "--steps", "30",
+                                            "--format", "json", "--fail-on", "never", "--select", "cost.mfu",
+                                            "--run-dir", str(run.out / "runs" / "bf16_mfu"), "--output", str(rep_path)],
+                          TIMEOUT["mfu"], env={"PYTHONPATH": str(CUDA)})
+    f = {}
+    try:
+        f = _findings(json.loads(rep_path.read_text())).get("cost.mfu", {})
+    except Exception:
+        pass
+    e = f.get("evidence") or {}
+    run.part("mfu", bool(e.get("mfu")), raw_bf16_matmul=raw, mfu=e.get("mfu"), mfu_busy=e.get("mfu_busy"),
+             achieved_tflops=e.get("achieved_tflops"), peak_tflops=e.get("peak_tflops"), gpu=e.get("gpu"),
+             message=f.get("message"))
+
+
+NVML_COST = """
+import json, time
+from diag.gpu.nvml import NvmlProvider
+p = NvmlProvider()
+assert p.available, p.reason
+p.sample()
+t = time.perf_counter(); n = 200
+for _ in range(n): p.sample()
+dt = time.perf_counter() - t
+print(json.dumps({"per_sample_ms": dt / n * 1e3, "devices": len(p.devices())}))
+"""
+
+
+def part_nvml_cost(run: Run):
+    rc, so, _, _ = run.sh("nvml_cost", [sys.executable, "-c", NVML_COST], TIMEOUT["nvml_cost"])
+    try:
+        d = json.loads(so.strip().splitlines()[-1])
+    except Exception:
+        d = {}
+    run.part("nvml_cost", rc == 0 and bool(d), **d)
+
+
+FUNCS = {"gpus": part_gpus, "gpu_tests": part_gpu_tests, "twins": part_twins, "overhead": part_overhead,
+         "mfu": part_mfu, "nvml_cost": part_nvml_cost}
+
+
+def summary(run: Run) -> str:
+    lines = [f"gpu-check: {run.figures.get('device', '?')}, {run.figures['elapsed_s']} s"]
+    for name in PARTS:
+        p = run.figures["parts"].get(name)
+        if p is None:
+            lines.append(f"  {name:<10} not run")
+            continue
+        mark = "ok  " if p.get("ok") else "FAIL"
+        extra = ""
+        if name == "overhead":
+            extra = f"overhead {p.get('overhead_pct')}% of a {p.get('step_ms_plain')} ms step (budget 1%)"
+        elif name == "mfu":
+            extra = (f"MFU {p.get('mfu')} (busy {p.get('mfu_busy')}), raw bf16 matmul "
+                     f"{(p.get('raw_bf16_matmul') or {}).get('tflops')} TFLOP/s, peak {p.get('peak_tflops')}")
+        elif name == "nvml_cost":
+            extra = f"{p.get('per_sample_ms')} ms per sample"
+        elif name == "gpu_tests":
+            extra = f"{p.get('summary')}; memory estimate errors " + ", ".join(
+                f"{e['model']} {e['error_pct']}%" for e in p.get("memory_estimate", []))
+        elif name == "gpus":
+            extra = ", ".join(map(str, p.get("devices", [])))
+        lines.append(f"  {name:<10} {mark} {extra}")
+        if name == "twins":
+            for w, r in p.get("workloads", {}).items():
+                lines.append(f"    {w:<22} {'ok  ' if r.get('ok') else 'FAIL'} "
+                             + ("; ".join(r.get("problems", [])) or r.get("why", ""))[:300])
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="gpu-check")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--budget", type=float, default=450.0, help="seconds for all parts (default 450)")
+    a = ap.parse_args(argv)
+    only = [p for p in a.only.split(",") if p]
+    bad = [p for p in only if p not in PARTS]
+    if bad:
+        print(f"gpu-check: unknown part {', '.join(bad)}; parts: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    parts = only or PARTS
+    if a.dry_run:
+        print(f"gpu-check would run, within {a.budget:.0f} s, writing under {a.out}/:")
+        for p in parts:
+            print(f"  {p:<10} {DESCRIBE[p]}")
+            if p == "twins":
+                for name, script, steps, env, expect in TWINS:
+                    what = ", ".join([f"{c} fires" for c in expect.get("fire", [])] +
+                                     [f"{c} passes" for c in expect.get("pass", [])])
+                    print(f"    {name:<22} tests/scripts/cuda/{script}{f' --steps {steps}' if steps else ''}: {what}")
+        return 0
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        print(f"gpu-check: {out} exists and is not a directory", file=sys.stderr)
+        return 2
+    run = Run(out, a.budget)
+    try:
+        import torch
+
+        run.figures["torch"] = torch.__version__
+        run.figures["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception as e:
+        run.figures["device"] = None
+        run.figures["torch_error"] = f"{type(e).__name__}: {e}"
+    if not run.figures["device"]:
+        print("gpu-check: no CUDA device visible to torch; nothing to validate (use --dry-run on a CPU machine).",
+              file=sys.stderr)
+        run.save()
+        return 2
+    for p in parts:
+        try:
+            FUNCS[p](run)
+        except Exception as e:   # one part failing never stops the others
+            run.part(p, False, why=f"{type(e).__name__}: {e}")
+    run.save()
+    text = summary(run)
+    (out / "summary.txt").write_text(text + "\n")
+    print(text)
+    return 0 if all(p.get("ok") for p in run.figures["parts"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The device timeline on a scripted CUDA stream: lazy resolution, the ring, and idle measured in
+the async cases (hidden / exposed data wait, a per-step .item(), pageable copies, eval between steps)."""
+from __future__ import annotations
+
+import pytest
+
+from diag.probe.timeline import TimelineProbe, TimelineRecorder, enabled_by_env
+from diag.timeline import data_wait, summarize
+
+from timeline_support import LoopSim, ScriptedClock, run_loop
+
+FWD, BWD, OPT = 0.030, 0.030, 0.005      # GPU seconds per phase
+
+
+def _train(sim, data_s=0.0, h2d=None, item=False, after=0.0, eval_s=None):
+    if data_s is not None:
+        sim.data(data_s)
+    if h2d is not None:
+        sim.h2d(h2d, pageable=True)
+    sim.forward(FWD)
+    sim.backward(BWD)
+    sim.optimizer(OPT)
+    if item:
+        sim.item()
+    if after:
+        sim.python(after)
+    if eval_s:
+        sim.eval_pass(eval_s)
+
+
+def _steps(sim):
+    return [e["value"] for e in sim.timeline_events() if e["path"] == "timeline.steps"]
+
+
+def test_hidden_data_wait_shows_no_gpu_idle():
+    # no per-step sync: the host fetches the next batch while the GPU still runs the last step
+    sim = run_loop(30, lambda s, i: _train(s, data_s=0.020))
+    ev = sim.evidence(num_workers=4)
+    r = ev.primary
+    host = data_wait(r)
+    assert r.timeline.clock == "device"
+    assert host.clock == "device"
+    # on the host clock the wait dominates (the host runs ahead and waits for data every step)...
+    assert host.host_share > 0.5
+    # ...on the device it is hidden behind queued kernels
+    assert host.share < 0.01
+    assert host.hidden(0.10)
+    s = summarize(r)
+    assert s.idle_share < 0.02
+    assert sim.ctx.errors == []
+
+
+def test_exposed_data_wait_is_gpu_idle_attributed_to_data():
+    sim = run_loop(30, lambda s, i: _train(s, data_s=0.050, item=True))
+    r = sim.evidence().primary
+    s = summarize(r)
+    # per step: 50 ms idle waiting for data against 65 ms of kernels
+    expected = 0.050 / (0.050 + FWD + BWD + OPT)
+    assert s.causes["data"] == pytest.approx(expected, abs=0.03)
+    assert s.idle_share >= s.causes["data"]
+    assert s.busy_s / s.steps == pytest.approx(FWD + BWD + OPT, rel=0.05)
+    assert "waiting for data" in s.headline()
+    dw = data_wait(r)
+    assert dw.clock == "device" and not dw.hidden(0.10)
+
+
+def test_item_sync_every_step_exposes_the_python_after_it():
+    body = lambda s, i: _train(s, data_s=0.0, item=True, after=0.020)   # noqa: E731  logging after .item()
+    sim = run_loop(20, body)
+    with_sync = summarize(sim.evidence(sync_per_step=1).primary)
+    assert with_sync.causes["sync"] == pytest.approx(0.020 / (0.020 + FWD + BWD + OPT), abs=0.03)
+    assert with_sync.causes["host"] == 0.0
+    without = summarize(sim.evidence().primary)          # no sync located: Python overhead
+    assert without.causes["host"] == pytest.approx(with_sync.causes["sync"])
+    # the same logging without the sync is hidden behind the queue
+    hidden = summarize(run_loop(20, lambda s, i: _train(s, data_s=0.0, after=0.020)).evidence().primary)
+    assert hidden.idle_share < 0.02
+
+
+def test_pageable_copies_are_idle_time_for_compute():
+    sim = run_loop(20, lambda s, i: _train(s, data_s=0.001, h2d=0.008, item=True))
+    s = summarize(sim.evidence().primary)
+    assert s.causes["h2d"] == pytest.approx(0.008 / (0.001 + 0.008 + FWD + BWD + OPT), abs=0.02)
+    phases = _steps(sim)[-1]["phases"]
+    assert phases["h2d"] == pytest.approx(0.008, abs=1e-4)
+    assert "forward" in phases and "backward" in phases and "optimizer" in phases
+
+
+def test_eval_between_steps_is_busy_eval_not_idle():
+    def body(s, i):
+        _train(s, data_s=0.001, item=True, eval_s=0.050 if i % 5 == 4 else None)
+    sim = run_loop(25, body)
+    steps = _steps(sim)
+    evals = [st for st in steps if "eval" in st["phases"]]
+    assert len(evals) == 4                 # the steps after each eval pass (the last pass has no next step)
+    for st in evals:
+        assert st["phases"]["eval"] == pytest.approx(0.050, abs=0.003)
+        assert st["idle"].get("between", 0.0) == 0.0
+    s = summarize(sim.evidence().primary)
+    assert s.causes["eval"] > 0.05
+    assert "evaluation" in s.headline()
+
+
+def test_steps_resolve_lazily_when_their_events_complete():
+    clock = ScriptedClock()
+    sim = LoopSim(clock)
+    # the GPU is far behind the host: nothing resolves while it is
+    for _ in range(5):
+        _train(sim, data_s=0.0)
+    assert _steps(sim) == []
+    assert len(sim.ext.rec.ring) == 5
+    clock.cpu(0.070)            # the GPU finishes the first step only
+    _train(sim, data_s=0.0)
+    done = _steps(sim)
+    assert [d["index"] for d in done] == [1]
+    sim.finish()                # the end of the run resolves the rest
+    assert [d["index"] for d in _steps(sim)] == list(range(1, 7))
+    assert sim.ext.rec.dropped == 0 and not sim.ext.rec.ring
+
+
+def test_ring_overflow_drops_the_oldest_and_counts_them():
+    sim = LoopSim(ring=4)
+    for _ in range(10):
+        _train(sim, data_s=0.0)          # host far ahead, no step completes
+    rec = sim.ext.rec
+    assert len(rec.ring) == 4 and rec.dropped == 6
+    sim.finish()
+    idx = [d["index"] for d in _steps(sim)]
+    assert idx == [7, 8, 9, 10]
+    state = [e["value"] for e in sim.timeline_events() if e["path"] == "timeline"][-1]
+    assert state["dropped"] == 6 and state["resolved"] == 4 and state["pending"] == 0
+
+
+def test_device_span_adds_up_to_busy_plus_idle():
+    sim = run_loop(10, lambda s, i: _train(s, data_s=0.010, h2d=0.002, item=True, after=0.003))
+    for st in _steps(sim)[1:]:
+        assert st["busy_s"] + st["idle_s"] == pytest.approx(st["device_s"], abs=1e-6)
+        assert sum(st["phases"].values()) == pytest.approx(st["device_s"], abs=1e-6)
+        assert st["host"]["data_s"] == pytest.approx(0.010)
+
+
+def test_marks_are_bounded_per_step():
+    rec = TimelineRecorder(ScriptedClock())
+    for _ in range(1000):
+        rec.mark("h2d_start")
+    rec.end_step(1)
+    assert len(rec.ring[0].marks) <= 64
+    assert rec.ring[0].marks[-1][0] == "step_end"
+
+
+def test_cpu_machine_never_installs_the_timeline(monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine")
+
+    class Ctx:
+        disabled = []
+
+        def disable(self, ext):
+            self.disabled.append(ext)
+
+    ctx = Ctx()
+    ext = TimelineProbe()
+    ext.install(ctx)
+    assert ctx.disabled == [ext] and ext.rec is None
+
+
+def test_switched_off_by_env(monkeypatch):
+    monkeypatch.setenv("DIAG_TIMELINE", "0")
+    assert not enabled_by_env()
+
+    class Ctx:
+        disabled = []
+
+        def disable(self, ext):
+            self.disabled.append(ext)
+
+    ext = TimelineProbe(clock=ScriptedClock())
+    ctx = Ctx()
+    ext.install(ctx)
+    assert ctx.disabled == [ext]
+    monkeypatch.setenv("DIAG_TIMELINE", "1")
+    assert enabled_by_env()
+
+
+class PoolClock(ScriptedClock):
+    """Reuses released events the way CudaClock does (re-recording overwrites their time)."""
+
+    def __init__(self):
+        super().__init__()
+        self.free = []
+        self.created = 0
+
+    def record(self):
+        if self.free:
+            e = self.free.pop()
+            fresh = super().record()
+            e.t = fresh.t
+            return e
+        self.created += 1
+        return super().record()
+
+    def release(self, e):
+        self.free.append(e)
+
+
+def test_reused_events_give_the_same_timeline():
+    def body(s, i):
+        _train(s, data_s=0.004 * (i % 3), h2d=0.002, item=i % 2 == 0, after=0.001,
+               eval_s=0.01 if i % 7 == 6 else None)
+        if i % 4 == 0:
+            s.clock.cpu(0.2)        # let the GPU catch up now and then: steps resolve in batches
+    plain = run_loop(40, body)
+    pooled = run_loop(40, body, clock=PoolClock())
+    assert _steps(pooled) == _steps(plain)
+    assert pooled.clock.created < plain.clock.recorded / 3      # most events were reused
+
+
+class CapturingClock(ScriptedClock):
+    """No event can be recorded while ``capturing`` (as during a CUDA graph capture)."""
+
+    capturing = False
+
+    def record(self):
+        return None if self.capturing else super().record()
+
+
+def test_steps_inside_a_graph_capture_are_skipped_without_harm():
+    clock = CapturingClock()
+
+    def body(s, i):
+        clock.capturing = i in (3, 4)          # two whole steps captured
+        _train(s, data_s=0.002, item=True)
+        clock.capturing = False
+
+    sim = run_loop(10, body, clock=clock)
+    idx = [d["index"] for d in _steps(sim)]
+    assert 4 not in idx and 5 not in idx and len(idx) == 8
+    assert sim.ctx.errors == []
+
+
+def test_copies_from_another_thread_are_not_marked():
+    import threading
+
+    sim = LoopSim()
+    before = sim.clock.recorded
+    t = threading.Thread(target=sim.ext._on_copy, args=("start",))
+    t.start()
+    t.join()
+    assert sim.clock.recorded == before
+    sim.ext._on_copy("start")
+    assert sim.clock.recorded == before + 1
+    sim.finish()
