@@ -132,7 +132,8 @@ def test_timeline_round_trips_through_the_evidence_file(tmp_path):
 
 
 def test_cpu_run_keeps_the_host_clock():
-    ev = EvidenceBuilder().model().dataloader(num_workers=0).steps(10, total_s=0.1, data_s=0.05).build()
+    ev = (EvidenceBuilder().model().dataloader(num_workers=0, role="train", batches=10)
+          .steps(10, total_s=0.1, data_s=0.05).build())
     (f,) = run_check(dataloader_workers, ev)
     assert _sev(f) in BAD and f.evidence["clock"] == "host"
     assert "device clock" not in f.message

@@ -178,7 +178,8 @@ class LoopSim:
     def evidence(self, num_workers: int = 0, sync_per_step: int | None = None) -> Evidence:
         """Evidence in the shape a CUDA run writes: a CUDA model and DataLoader (the builder), then
         the probe's step events and the timeline's events through diag's fold."""
-        ev = (EvidenceBuilder().cuda_training(device="NVIDIA H200").dataloader(num_workers=num_workers, batch_size=32)
+        ev = (EvidenceBuilder().cuda_training(device="NVIDIA H200").dataloader(num_workers=num_workers, batch_size=32,
+                                                                     role="train", batches=len(self.step_events))
               .environment(cpu_count=8).build())
         r = ev.primary
         r.steps.clear()
