@@ -141,3 +141,15 @@ def fmt_count(x: float | None, na: str = "N/A") -> str:
         if abs(x) >= div:
             return f"{x / div:.3g}{suf}"
     return f"{x:.3g}"
+
+
+def fmt_wall_hours(hours: float) -> str:
+    """A wall-clock duration given in hours, in the unit a person reads it in: days above 48 h,
+    hours above 1 h, minutes above 1 min, else seconds (cost estimates)."""
+    if hours >= 48:
+        return f"{hours / 24:,.1f} days"
+    if hours >= 1:
+        return f"{hours:,.1f} hours"
+    if hours >= 1 / 60:
+        return f"{hours * 60:,.1f} minutes"
+    return f"{hours * 3600:.3g} seconds"

@@ -659,13 +659,7 @@ def _plan_html(evidence, charts: dict[str, Any]) -> str:
 
 
 def _duration(hours: float) -> str:
-    if hours >= 48:
-        return f"{hours / 24:,.1f} days"
-    if hours >= 1:
-        return f"{hours:,.1f} hours"
-    if hours >= 1 / 60:
-        return f"{hours * 60:,.1f} minutes"
-    return f"{hours * 3600:.3g} seconds"
+    return units.fmt_wall_hours(hours)
 
 
 def _money(x: float | None) -> str:
