@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from diag.errors import DiagError
+
 
 def positive_int(text: str) -> int:
     try:
@@ -155,3 +157,12 @@ def stdout_console(**kw):
             raise BrokenPipeError
 
     return _Console(**kw)
+
+
+def write_report(path: str, text: str) -> None:
+    """Write a report file (-o, --html); an OS error is one sentence, exit 2."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise DiagError(f"cannot write the report to {path!r}: {e.strerror}") from None

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from diag.commands._common import write_report
 from diag.errors import DiagError, ExitCode
 
 DESCRIPTION = """\
@@ -171,7 +172,7 @@ def run(args) -> int:
         sys.stdout.write(text_json + "\n")
         sys.stdout.flush()
         if args.output:
-            _write(args.output, text_json + "\n")
+            write_report(args.output, text_json + "\n")
     else:
         from rich.console import Console
 
@@ -180,7 +181,7 @@ def run(args) -> int:
         if args.output:
             rec = Console(record=True, file=open(os.devnull, "w"), width=120)
             render_text(ev, findings, rec, verbose=args.verbose)
-            _write(args.output, rec.export_text())
+            write_report(args.output, rec.export_text())
     return code
 
 
@@ -198,9 +199,3 @@ def report_json(ev, findings, code: int) -> str:
     return json.dumps(d, indent=1, default=str)
 
 
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise DiagError(f"cannot write the report to {path!r}: {e.strerror}") from None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from diag.commands._common import add_run_arguments, run_config
+from diag.commands._common import add_run_arguments, run_config, write_report
 from diag.errors import DiagError, ExitCode, exit_code_for
 
 DESCRIPTION = """\
@@ -248,11 +248,11 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
             if comparison is not None:
                 from diag.report.compare import render_text
                 render_text(comparison, rec)
-            _write(args.output, rec.export_text())
+            write_report(args.output, rec.export_text())
     elif args.format == "html":
         text = render("html", evidence, findings, code, comparison=comparison)
         if args.output:
-            _write(args.output, text)
+            write_report(args.output, text)
             sys.stderr.write(f"diag: HTML report written to {args.output}\n")
         else:
             sys.stdout.write(text)
@@ -270,10 +270,10 @@ def _emit(args, evidence, findings, code: int, comparison=None) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         if args.output:
-            _write(args.output, text + "\n")
+            write_report(args.output, text + "\n")
     html_path = getattr(args, "html", None)
     if html_path:
-        _write(html_path, render("html", evidence, findings, code, comparison=comparison))
+        write_report(html_path, render("html", evidence, findings, code, comparison=comparison))
         sys.stderr.write(f"diag: HTML report written to {html_path}\n")
     if comparison is not None:
         import os
@@ -312,9 +312,3 @@ def write_private(path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise DiagError(f"cannot write the report to {path!r}: {e.strerror}") from None
