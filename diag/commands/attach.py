@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from diag.commands._common import write_report
-from diag.errors import DiagError, ExitCode
+from diag.errors import DiagError
 
 DESCRIPTION = """\
 Sample a running training process from outside with py-spy (its stacks, its DataLoader workers) and

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from diag.commands._common import positive_float, positive_int
+from diag.commands._common import positive_float, positive_int, write_report
 from diag.errors import DiagError
 
 DESCRIPTION = """\
@@ -171,13 +171,13 @@ def emit(c, fmt: str, output: str | None, annotations: str = "auto", stream=None
         if output:
             rec = Console(record=True, file=open(os.devnull, "w"), width=110)
             rc.render_text(c, rec)
-            write(output, rec.export_text())
+            write_report(output, rec.export_text())
     elif fmt == "html":
         from diag.report.compare_html import render_html
 
         text = render_html(c)
         if output:
-            write(output, text)
+            write_report(output, text)
             sys.stderr.write(f"diag: HTML comparison written to {output}\n")
         else:
             stream.write(text)
@@ -187,18 +187,10 @@ def emit(c, fmt: str, output: str | None, annotations: str = "auto", stream=None
         stream.write(text + "\n")
         stream.flush()
         if output:
-            write(output, text + "\n")
+            write_report(output, text + "\n")
     if annotations == "always" or (annotations == "auto" and os.environ.get("GITHUB_ACTIONS") == "true"):
         sys.stderr.write(rc.render_annotations(c) + "\n")
         sys.stderr.flush()
-
-
-def write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise DiagError(f"cannot write the report to {path!r}: {e.strerror}") from None
 
 
 __all__ = ["run", "add_arguments", "emit"]
