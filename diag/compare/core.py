@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from diag.compare import stats
+from diag.compare import extract, stats
 from diag.compare.extract import PHASES, RunSample
 from diag.errors import DiagError
 
@@ -27,7 +27,18 @@ METRICS: dict[str, tuple[str, str, bool, str]] = {
     "persistent_memory": ("memory (params+grads+optim)", "bytes", False, "memory"),
     "mfu": ("MFU", "share", True, "mfu"),
     "time_to_first_step": ("time to first step", "s", False, "first-step"),
+    # device clock (CUDA runs with a device timeline on both sides): reported, never gated
+    **{f"device.{k}": (label, "s", False, "device") for k, label in (
+        ("total", "step time (device clock)"), ("busy", "  GPU busy (device clock)"),
+        ("idle", "  GPU idle (device clock)"), ("idle_data", "  GPU idle for data (device clock)"),
+        ("idle_h2d", "  GPU idle in copies (device clock)"),
+        ("idle_sync", "  GPU idle after syncs (device clock)"),
+        ("idle_host", "  GPU idle in Python (device clock)"), ("eval", "  GPU evaluating (device clock)"))},
 }
+# device-clock causes the attribution names: metric key -> words for the headline
+DEVICE_CAUSES = {"device.idle_data": "GPU idle for data", "device.idle_h2d": "GPU idle in copies",
+                 "device.idle_sync": "GPU idle after syncs", "device.idle_host": "GPU idle in Python",
+                 "device.busy": "GPU busy"}
 # thresholds keys a user may give, and which ones the global --max-regression sets
 THRESHOLD_KEYS = ("step", "throughput", "memory", "mfu", "data-wait", "first-step") + PHASES
 GLOBAL_KEYS = ("step", "throughput", "memory", "mfu")
@@ -59,10 +70,16 @@ class MetricResult:
     delta: float | None = None      # b - a in the metric's unit
     delta_low: float | None = None  # its confidence interval (phases: seconds)
     delta_high: float | None = None
+    clock: str | None = None        # "device" for device-timeline metrics; None: the host clock
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
-                for k, v in self.__dict__.items()}
+                for k, v in self.__dict__.items() if not (k == "clock" and v is None)}
+
+    @property
+    def is_phase(self) -> bool:
+        """A per-phase time (host phases and device-clock times): shown in ms, never gated."""
+        return self.key.startswith(("phase.", "device."))
 
 
 @dataclass
@@ -84,7 +101,7 @@ class Comparison:
 
     @property
     def improvements(self) -> list[MetricResult]:
-        return [m for m in self.metrics if m.verdict == "improved" and not m.key.startswith("phase.")]
+        return [m for m in self.metrics if m.verdict == "improved" and not m.is_phase]
 
     @property
     def exit_code(self) -> int:
@@ -105,7 +122,9 @@ class Comparison:
         if m.verdict == "unchanged":
             text += f": not significant (noise ±{abs((m.high - m.low) / 2) * 100:.1f}%)"
         elif self.attribution:
-            text += ": " + ", ".join(f"{a['phase']} {ms(a['delta_s'])}" for a in self.attribution)
+            text += ": " + ", ".join(f"{a['phase']} {ms(a['delta_s'])}"
+                                     + (f" ({a['clock']} clock)" if a.get("clock") else "")
+                                     for a in self.attribution)
         if m.verdict in ("regression", "worse"):
             # the new findings that probably explain it (error and warning first)
             causes = [f for f in self.findings.get("new", []) if f.get("severity") in ("crashed", "error", "warning")]
@@ -330,6 +349,26 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
             r[0].delta_low, r[0].delta_high = r[1].low, r[1].high
             r[0].low, r[0].high = _rel_bounds(r[1])
             r[0].relative = True
+    device_effects = {}
+    if all("device.total_s" in s.steps for s in base + new):
+        # both sides have a device timeline: the same comparison on the device clock
+        for name in extract.DEVICE_FIELDS:
+            key = f"device.{name[:-2]}"
+            field_ = f"device.{name}"
+            if key != "device.total" and not any(np.any(s.steps[field_] > 0) for s in base + new):
+                continue            # a cause that never occurred on either side
+            r = per_step(key, field_, kind="diff")
+            if isinstance(r, tuple):
+                device_effects[key] = r[1]
+                r[0].change = _rel(r[1])
+                r[0].delta_low, r[0].delta_high = r[1].low, r[1].high
+                r[0].low, r[0].high = _rel_bounds(r[1])
+                r[0].relative = True
+                r[0].gated = False
+                r[0].clock = "device"
+            elif r is not None:
+                r.gated = False
+                r.clock = "device"
     for unit in ("samples", "tokens"):
         per_step(f"{unit}_per_s", f"{unit}_per_s")
     per_step("data_share", "data_share", kind="diff", statistic=stats.mean_share)
@@ -343,6 +382,9 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
     if isinstance(step, tuple):
         _mfu_from_step(results, step[1])
     attribution = _attribute(step[0] if isinstance(step, tuple) else None, phase_effects)
+    if device_effects:
+        attribution = _attribute_device(step[0] if isinstance(step, tuple) else None, device_effects,
+                                        attribution)
     fdiff = findings_diff(base, new)
     noise = {}
     if isinstance(step, tuple):
@@ -444,6 +486,17 @@ def _attribute(step: MetricResult | None, phases: dict[str, stats.Effect]) -> li
                     "share_of_change": (abs(eff.estimate) / total) if total else None})
     out.sort(key=lambda d: -abs(d["delta_s"]))
     return out
+
+
+def _attribute_device(step: MetricResult | None, effects: dict[str, stats.Effect],
+                      host: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The host attribution, then the device-clock causes (GPU idle by cause, GPU busy) whose change
+    is significant and in the direction of the step-time change, marked ``clock: "device"``."""
+    named = {k: e for k, e in effects.items() if k in DEVICE_CAUSES}
+    dev = _attribute(step, {DEVICE_CAUSES[k]: e for k, e in named.items()})
+    for d in dev:
+        d["clock"] = "device"
+    return host + dev
 
 
 # ---- findings ---------------------------------------------------------------------------------------

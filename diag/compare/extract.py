@@ -33,6 +33,10 @@ EXPORT_VERSION = 1
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 STEP_FIELDS = ("total_s",) + tuple(f"{p}_s" for p in PHASES)
 MIN_STEADY = 3
+# per-step device-clock fields (CUDA runs with a device timeline): the device span of a step, GPU
+# busy and idle in it, the idle by cause (diag.timeline.CAUSES) and the device time spent evaluating
+DEVICE_FIELDS = ("total_s", "busy_s", "idle_s", "idle_data_s", "idle_h2d_s", "idle_sync_s", "idle_host_s",
+                 "eval_s")
 
 
 @dataclass
@@ -64,9 +68,46 @@ def export(evidence) -> dict[str, Any]:
     cols["samples"] = [s.samples for s in steps]
     cols["tokens"] = [s.tokens for s in steps]
     cols["instrumented"] = [bool(s.instrumented) for s in steps]
-    return {"version": EXPORT_VERSION, "rank": rank.rank if rank else 0,
-            "facts": _facts(evidence, rank), "steps": cols, "scalars": _scalars(evidence, rank),
-            "steps_total": rank.step_stats.count if rank else 0}
+    out = {"version": EXPORT_VERSION, "rank": rank.rank if rank else 0,
+           "facts": _facts(evidence, rank), "steps": cols, "scalars": _scalars(evidence, rank),
+           "steps_total": rank.step_stats.count if rank else 0}
+    device = _device_steps(rank) if rank else None
+    if device:
+        out["device"] = device          # only with a device timeline: reports without one are unchanged
+    return out
+
+
+def _device_steps(rank) -> dict[str, Any] | None:
+    """The device timeline's per-step records as columns (``clock: "device"``), or None without one.
+    Idle between two steps is ``sync`` when the loop synchronises every step, else ``host`` (the rule
+    of :func:`diag.timeline.summarize`)."""
+    from diag.timeline import _syncs_every_step
+
+    tl = rank.timeline
+    if tl.clock != "device" or not isinstance(tl.steps, list):
+        return None
+    recs = [s for s in tl.steps if isinstance(s, dict) and isinstance(s.get("index"), int)
+            and isinstance(s.get("device_s"), (int, float))]
+    if not recs:
+        return None
+    between = "idle_sync_s" if _syncs_every_step(rank) else "idle_host_s"
+
+    def num(v) -> float:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+
+    cols: dict[str, list] = {"index": []}
+    cols.update({name: [] for name in DEVICE_FIELDS})
+    for r in sorted(recs, key=lambda r: r["index"]):
+        idle = r.get("idle") if isinstance(r.get("idle"), dict) else {}
+        phases = r.get("phases") if isinstance(r.get("phases"), dict) else {}
+        row = {"total_s": num(r["device_s"]), "busy_s": num(r.get("busy_s")), "idle_s": num(r.get("idle_s")),
+               "idle_data_s": num(idle.get("data")), "idle_h2d_s": num(idle.get("h2d")),
+               "idle_sync_s": 0.0, "idle_host_s": 0.0, "eval_s": num(phases.get("eval"))}
+        row[between] = num(idle.get("between"))
+        cols["index"].append(r["index"])
+        for name in DEVICE_FIELDS:
+            cols[name].append(round(row[name], 9))
+    return {"clock": "device", "steps": cols}
 
 
 def _facts(ev, rank) -> dict[str, Any]:
@@ -223,12 +264,31 @@ def from_export(block: dict, source: str, findings: list[dict]) -> RunSample:
             vals = np.array([float(r.get(unit) or np.nan) for r in steady])
             if np.isfinite(vals).sum() >= max(1, len(steady) // 2):
                 steps[f"{unit}_per_s"] = np.where(tot > 0, vals / tot, np.nan)
+    _device_from_export(block.get("device"), {r["index"] for r in steady}, steps, source)
     scalars = dict(block.get("scalars") or {})
     facts = dict(block.get("facts") or {})
     return RunSample(source=source, facts=facts, steps=steps, scalars=scalars, findings=findings,
                      steps_total=int(block.get("steps_total") or n),
                      excluded={"warmup": warm, "instrumented": instrumented},
                      status=str(facts.get("status") or ""))
+
+
+def _device_from_export(device: Any, steady_index: set, steps: dict[str, np.ndarray], source: str) -> None:
+    """Adds ``device.<field>`` per-step arrays (device clock) for the timeline steps that are in the
+    host steady state (warm-up and instrumented steps excluded the same way on both clocks)."""
+    if not isinstance(device, dict) or device.get("clock") != "device":
+        return
+    try:
+        cols = device["steps"]
+        n = len(cols["index"])
+        rows = [{k: cols[k][i] for k in cols} for i in range(n)]
+    except (KeyError, TypeError, IndexError) as e:
+        raise DiagError(f"{source!r}: the per-step device timeline is malformed ({e})") from None
+    rows = sorted((r for r in rows if r.get("index") in steady_index), key=lambda r: r["index"])
+    if not rows:
+        return
+    for name in DEVICE_FIELDS:
+        steps[f"device.{name}"] = np.array([float(r.get(name) or 0.0) for r in rows])
 
 
 def warmup_count(n: int) -> int:

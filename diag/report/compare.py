@@ -14,7 +14,7 @@ VERDICT_WORDS = {"regression": "REGRESSION", "worse": "worse", "improved": "bett
 def _change(m: MetricResult) -> str:
     if m.key == "data_share" and m.delta is not None:
         return f"{m.delta * 100:+.1f} pts"
-    if m.key.startswith("phase.") and m.delta is not None:
+    if m.is_phase and m.delta is not None:
         return ms(m.delta)
     return pct(m.change)
 
@@ -24,7 +24,7 @@ def _ci(m: MetricResult, c: Comparison) -> str:
         return "—"
     if m.key == "data_share":
         return f"{m.low * 100:+.1f}…{m.high * 100:+.1f} pts"
-    if m.key.startswith("phase.") and m.delta_low is not None:
+    if m.is_phase and m.delta_low is not None:
         return f"{ms(m.delta_low)}…{ms(m.delta_high)}".replace(" ms…", "…")
     if m.method == "single-value" and m.low == m.high:
         return "exact"
@@ -50,7 +50,8 @@ def rows(c: Comparison) -> list[dict[str, str]]:
             verdict = "no interval"
         elif m.method == "single-value" and m.verdict == "unchanged":
             verdict = "same"
-        out.append({"metric": m.label.strip() if not m.key.startswith("phase.") else f"· {m.label.strip()}",
+        sub = m.key.startswith("phase.") or (m.clock == "device" and m.label.startswith(" "))
+        out.append({"metric": m.label.strip() if not sub else f"· {m.label.strip()}",
                     "key": m.key, "base": fmt_value(m.a, m.unit), "new": fmt_value(m.b, m.unit),
                     "change": _change(m), "ci": _ci(m, c), "threshold": _threshold(m),
                     "verdict": verdict})

@@ -179,7 +179,7 @@ def _attribution(c: Comparison, charts: dict[str, Any], prefix: str = "", level:
         rows = []
         for a in c.attribution:
             share = a.get("share_of_change")
-            rows.append((a["phase"], ms(a.get("delta_s")),
+            rows.append((a["phase"] + (f" ({a['clock']} clock)" if a.get("clock") else ""), ms(a.get("delta_s")),
                          f"{ms(a.get('low_s'))}…{ms(a.get('high_s'))}" if a.get("low_s") is not None else "—",
                          fmt_value(a.get("base_s"), "s"), fmt_value(a.get("new_s"), "s"),
                          f"{share:.0%}" if isinstance(share, (int, float)) else "—"))
