@@ -71,8 +71,6 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     if run.args:
         one.append(" " + safe(" ".join(str(a) for a in redact_args(run.args))), style="dim")
     attached = getattr(run, "source", "probe") == "attach"
-    if attached:
-        _attached(ev, one)
     # elapsed
     if attached:
         elapsed = None                 # wall_s is the sampling window, said above
@@ -111,6 +109,8 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
                    style="green")
     # line two: why it ended, where things are, badges
     _badges(state, two)              # first: "simulated" must always be seen
+    if attached:
+        _attached(ev, two)           # next: which process, which window (no steps: sampled)
     reason = _end_reason(ev)
     if reason:
         two.append(safe(reason), style="red" if status in ("failed", "oom", "killed") else "")
@@ -135,7 +135,6 @@ def _attached(ev, t: Text) -> None:
     records none)."""
     a = summarize_attach(ev)
     pids = a.pids if a else []
-    t.append(" · ")
     t.append(" ATTACHED ", style="bold black on cyan")
     if a and a.job_pid is not None:
         t.append(f" to job PID {a.job_pid}")
@@ -143,6 +142,7 @@ def _attached(ev, t: Text) -> None:
         t.append(f" to PID {pids[0]}" if len(pids) == 1 else f" to PIDs {', '.join(map(str, pids[:4]))}")
     if a and a.window_s:
         t.append(f" · sampled window {a.window_s:.1f} s" + (f" at {a.rate_hz:g} Hz" if a.rate_hz else ""))
+    t.append("  ")
 
 
 def _home(path: str) -> str:
