@@ -6,6 +6,7 @@ import time
 import pytest
 
 from test_attach_live import target  # noqa: F401  (the fixture: starts a target, kills it afterwards)
+from tui_support import widget_text
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +33,14 @@ async def test_tui_attach_shows_findings_and_log_lines(target):  # noqa: F811
         assert snap.evidence.run.source == "attach"
         assert app.mode == "attach"
         assert not app.check_action("stop", ())           # the job is never stopped from the app
+        await pilot.press("2")                             # Steps: the sampled view, not step timings
+        await _wait(pilot, lambda: app.pane("steps").renders > 0, 20)
+        await pilot.pause(0.2)
+        steps = widget_text(app, "#steps-attach", 120)
+        assert "sampled shares, not timings" in steps and f"PID {t.pid}" in steps
+        assert "data" in steps and "samples" in steps
+        header = app.query_one("#header").text
+        assert "ATTACHED" in header and f"PID {t.pid}" in header and "sampled window 2." in header
         await pilot.press("6")                             # the Log tab: one line per window
         await _wait(pilot, lambda: any("window 1" in line for _, line in app._pending_logs)
                     or app.pane("log").renders > 0, 20)

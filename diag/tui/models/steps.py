@@ -102,3 +102,93 @@ def phase_shares(median: dict | None) -> list[tuple[str, str, float, float]]:
         v = median.get(key, 0.0) or 0.0
         rows.append((key, label, v, (v / total) if total > 0 else 0.0))
     return rows
+
+
+# ---- attached jobs (run.source == "attach"): sampled shares, not timings ---------------------------------
+
+MAX_HOT_LINES = 5
+
+
+def margin95(share: float, n: int) -> float:
+    """Half-width of a 95% interval for a share estimated from n samples (normal approximation; the
+    same rule as the attach checks' ``margin_95``)."""
+    if n <= 0:
+        return 1.0
+    return 1.96 * (max(share * (1 - share), 0.25 / n) / n) ** 0.5
+
+
+@dataclass
+class AttachRank:
+    rank: int
+    pid: int | None = None
+    samples: int = 0                  # main-thread stack samples in the window
+    cycles: int | None = None         # step-like cycles seen (None: not recorded)
+    cpu_percent: float | None = None  # the process's CPU over the window (100 = one core)
+    alive: bool = True
+    phases: list[tuple[str, int, float, float]] = field(default_factory=list)  # (phase, samples, share, ±95%)
+    hot_lines: list[dict] = field(default_factory=list)   # {file, line, function, code, samples, share, phase}
+    workers: list[dict] = field(default_factory=list)     # {pid, cpu_percent, busy_share, samples, top_frames}
+    stuck: dict | None = None
+
+
+@dataclass
+class AttachSummary:
+    window_s: float | None = None
+    rate_hz: float | None = None
+    sampler: str = "py-spy"
+    job_pid: int | None = None
+    ranks: list[AttachRank] = field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.ranks if r.pid is not None]
+
+
+def is_attach(evidence) -> bool:
+    return evidence is not None and getattr(evidence.run, "source", "probe") == "attach"
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def summarize_attach(evidence) -> AttachSummary | None:
+    """What sampling saw, per rank (``ranks[].extras["attach"]``, shape in docs/attach.md); None when
+    the evidence does not come from ``diag attach``."""
+    if not is_attach(evidence):
+        return None
+    out = AttachSummary()
+    for r in evidence.ranks:
+        a = (r.extras or {}).get("attach") or {}
+        if not isinstance(a, dict):
+            continue
+        main = a.get("main") if isinstance(a.get("main"), dict) else {}
+        n = int(main.get("samples") or 0)
+        phases = []
+        for name, d in (main.get("phases") or {}).items():
+            if not isinstance(d, dict):
+                continue
+            c = int(d.get("samples") or 0)
+            share = _num(d.get("share"))
+            if share is None:
+                share = c / n if n else 0.0
+            if c or share > 0:
+                phases.append((str(name), c, share, margin95(share, n)))
+        phases.sort(key=lambda p: (-p[2], p[0]))
+        workers = [w for w in (a.get("workers") or []) if isinstance(w, dict)]
+        out.ranks.append(AttachRank(
+            rank=r.rank, pid=a.get("pid", r.pid), samples=n,
+            cycles=main.get("cycles") if isinstance(main.get("cycles"), int) else None,
+            cpu_percent=_num(a.get("cpu_percent")), alive=bool(a.get("alive_after", True)),
+            phases=phases, hot_lines=[h for h in (main.get("hot_lines") or []) if isinstance(h, dict)][:MAX_HOT_LINES],
+            workers=workers, stuck=main.get("stuck") if isinstance(main.get("stuck"), dict) else None))
+        if out.window_s is None:
+            out.window_s = _num(a.get("window_s"))
+            out.rate_hz = _num(a.get("rate_hz"))
+            out.sampler = str(a.get("sampler") or "py-spy")
+            out.job_pid = a.get("job_pid") if isinstance(a.get("job_pid"), int) else None
+    if out.window_s is None:
+        out.window_s = _num(evidence.run.wall_s)
+    if out.rate_hz is None:
+        out.rate_hz = _num((evidence.run.limits or {}).get("rate_hz"))
+    return out

@@ -15,6 +15,7 @@ from diag.report.style import SEVERITY_STYLES
 from diag.redact import redact_args
 from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
+from diag.tui.models.steps import summarize_attach
 from diag.tui.widgets import UIState
 
 STATUS = {
@@ -69,8 +70,11 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     one.append(safe(script), style="bold")
     if run.args:
         one.append(" " + safe(" ".join(str(a) for a in redact_args(run.args))), style="dim")
+    attached = getattr(run, "source", "probe") == "attach"
     # elapsed
-    if run.wall_s is not None and status != "running":
+    if attached:
+        elapsed = None                 # wall_s is the sampling window, said above
+    elif run.wall_s is not None and status != "running":
         elapsed = run.wall_s
     elif run.started_at:
         elapsed = max(0.0, state.clock() - run.started_at)
@@ -78,7 +82,10 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
         elapsed = None
     if elapsed is not None:
         one.append(f" · {fmt.duration(elapsed)}")
-    if ev.ranks:
+    if attached:
+        if len(ev.ranks) > 1:
+            one.append(f" · {len(ev.ranks)} ranks")
+    elif ev.ranks:
         steps = ev.primary.step_stats.count
         last = ev.primary.steps[-1] if ev.primary.steps else None
         one.append(f" · step {last.index if last else steps}")
@@ -102,6 +109,8 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
                    style="green")
     # line two: why it ended, where things are, badges
     _badges(state, two)              # first: "simulated" must always be seen
+    if attached:
+        _attached(ev, two)           # next: which process, which window (no steps: sampled)
     reason = _end_reason(ev)
     if reason:
         two.append(safe(reason), style="red" if status in ("failed", "oom", "killed") else "")
@@ -119,6 +128,21 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
         two.append("run dir ", style="dim")
         two.append(safe(_home(fmt.short_path(run.run_dir, os.getcwd()))), style="dim")
     return one, two
+
+
+def _attached(ev, t: Text) -> None:
+    """diag attach / diag tui --attach: which process was sampled, and the window (no steps: sampling
+    records none)."""
+    a = summarize_attach(ev)
+    pids = a.pids if a else []
+    t.append(" ATTACHED ", style="bold black on cyan")
+    if a and a.job_pid is not None:
+        t.append(f" to job PID {a.job_pid}")
+    elif pids:
+        t.append(f" to PID {pids[0]}" if len(pids) == 1 else f" to PIDs {', '.join(map(str, pids[:4]))}")
+    if a and a.window_s:
+        t.append(f" · sampled window {a.window_s:.1f} s" + (f" at {a.rate_hz:g} Hz" if a.rate_hz else ""))
+    t.append("  ")
 
 
 def _home(path: str) -> str:

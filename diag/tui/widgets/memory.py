@@ -208,9 +208,22 @@ def plan_renderable(ev) -> Group | None:
     return Group(*parts)
 
 
+ATTACH_TEXT = Text.assemble(
+    ("not observable by sampling", "bold yellow"),
+    (" · this job is attached (diag attach): py-spy reads its Python stacks from outside, not PyTorch's "
+     "allocator, so where the memory goes (parameters, gradients, optimizer state, activations) and the "
+     "batch-size plan are not known here.\n", "dim"),
+    ("The GPUs tab shows each GPU's memory during the window (and this process's own where NVML matches "
+     "its PID). For the breakdown, run the script under diag: `diag check --script train.py`, or "
+     "`diag memory --script train.py --gpu H100` for the largest batch that fits.", "dim"))
+
+
 class MemoryPane(Pane):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="memory-scroll"):
+            attach = Static(ATTACH_TEXT, id="memory-attach")
+            attach.display = False                 # shown for attached jobs only (diag tui --attach)
+            yield attach
             yield Static(id="memory-oom")
             yield Static(Text("where the memory goes", style="bold"), classes="section first")
             yield Static(id="memory-breakdown")
@@ -233,6 +246,13 @@ class MemoryPane(Pane):
             for wid in ("#memory-device-title", "#memory-device", "#memory-spark"):
                 self.query_one(wid).display = False
             self.query_one("#memory-plan", Static).update(Text(""))
+            return
+        attached = getattr(ev.run, "source", "probe") == "attach"
+        scroll = self.query_one("#memory-scroll")
+        if attached or self.query_one("#memory-attach").display:
+            for child in scroll.children:
+                child.display = (child.id == "memory-attach") == attached
+        if attached:
             return
         r = ev.primary
         mem = r.memory if isinstance(r.memory, dict) else {}

@@ -2,8 +2,10 @@
 throughput, a history graph, the current step and epoch, and one row per rank."""
 from __future__ import annotations
 
+import os
 import statistics
 
+from rich.console import Group
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -13,7 +15,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
-from diag.tui.models.steps import phase_shares, summarize_steps
+from diag.tui.models.steps import phase_shares, summarize_attach, summarize_steps
 from diag.tui.widgets import Pane, UIState
 
 PHASE_STYLE = {"data_s": "red", "forward_s": "cyan", "backward_s": "blue", "optimizer_s": "green",
@@ -110,9 +112,140 @@ def baseline_table(base, ev) -> Table | Text:
     return table
 
 
+ATTACH_PHASE_STYLE = {"data": "red", "forward": "cyan", "backward": "blue", "optimizer": "green",
+                      "sync": "yellow", "collective": "magenta", "evaluation": "bright_cyan",
+                      "checkpoint": "bright_magenta", "logging": "grey62", "other": "grey50"}
+RANK_COLUMNS = ("data", "forward", "backward", "optimizer", "sync", "collective", "other")
+
+
+def _where(d: dict | None) -> str:
+    if not d:
+        return "?"
+    return f"{os.path.basename(str(d.get('file') or '?'))}:{d.get('line')}"
+
+
+def attach_intro(a) -> Text:
+    t = Text()
+    t.append("sampled shares, not timings", style="bold yellow")
+    window = f"{a.window_s:.1f} s" if a.window_s else "the window"
+    rate = f" at {a.rate_hz:g} Hz" if a.rate_hz else ""
+    t.append(f" · {safe(a.sampler)} read the job's stacks from outside for {window}{rate}; sampling records no "
+             "steps, so each figure is the share of the main thread's samples in a phase (± its 95% margin "
+             "from the number of samples), not a step time", style="dim")
+    return t
+
+
+def attach_ranks_table(a) -> Table:
+    """--job: the ranks side by side, one row each."""
+    table = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style="bold",
+                  title="ranks side by side (share of samples)", title_justify="left", title_style="bold")
+    for col in ("rank", "PID", "samples", *RANK_COLUMNS, "hottest line"):
+        table.add_column(col, justify="left" if col in ("rank", "hottest line") else "right", no_wrap=True)
+    for r in a.ranks:
+        shares = {p: s for p, _, s, _ in r.phases}
+        top = r.hot_lines[0] if r.hot_lines else None
+        row = [Text(str(r.rank), style="bold red" if r.stuck else ""), str(r.pid or ""), str(r.samples)]
+        row += [fmt.pct(shares[p]) if shares.get(p) else Text("·", style="dim") for p in RANK_COLUMNS]
+        row.append(Text("STUCK " + safe(_where(r.stuck.get("where") or r.stuck.get("innermost"))), style="bold red")
+                   if r.stuck else safe(_where(top)) if top else "")
+        table.add_row(*row)
+    return table
+
+
+def attach_rank_renderable(r, multi: bool):
+    parts: list = []
+    head = Text()
+    head.append(f"rank {r.rank} · " if multi else "", style="bold")
+    head.append(f"PID {r.pid}" if r.pid is not None else "PID ?", style="bold")
+    head.append(f" · {r.samples} samples")
+    if r.cycles is not None:
+        head.append(f" · {r.cycles} step-like cycles" if r.cycles else " · no step-like cycle seen",
+                    style="" if r.cycles else "yellow")
+    if r.cpu_percent is not None:
+        head.append(f" · CPU {r.cpu_percent:.0f}%")
+    if not r.alive:
+        head.append(" · ended during the window", style="yellow")
+    parts.append(head)
+    if r.stuck:
+        st = r.stuck
+        t = Text()
+        t.append(" STUCK ", style="bold white on red")
+        t.append(f" at {safe(_where(st.get('where') or st.get('innermost')))}")
+        code = (st.get("where") or st.get("innermost") or {}).get("code")
+        if code:
+            t.append(f" `{safe(str(code))}`", style="bold")
+        if st.get("waits_on"):
+            t.append(f" — waits on {safe(str(st['waits_on']))}")
+        if st.get("seconds_at_least"):
+            t.append(f" for at least {st['seconds_at_least']:g} s", style="bold")
+        parts.append(t)
+    if not r.samples or not r.phases:
+        parts.append(Text("no main-thread samples in this window", style="dim"))
+        return Group(*parts)
+    table = Table(box=None, pad_edge=False, padding=(0, 1), expand=True, show_edge=False)
+    table.add_column("phase (share of samples)", no_wrap=True)
+    table.add_column("samples", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    table.add_column("±95%", justify="right", no_wrap=True)
+    table.add_column("", ratio=1, no_wrap=True)
+    for phase, n, share, margin in r.phases:
+        style = ATTACH_PHASE_STYLE.get(phase, "grey50")
+        table.add_row(Text(safe(phase), style=style), str(n), fmt.pct(share), f"±{fmt.pct(margin)}",
+                      ProgressBar(total=1.0, completed=min(share, 1.0), width=None,
+                                  complete_style=style, finished_style=style, style="grey23"))
+    parts.append(table)
+    if r.hot_lines:
+        hot = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style="bold",
+                    title="hottest user lines", title_justify="left", title_style="bold")
+        for col in ("share", "samples", "phase", "line", "code"):
+            hot.add_column(col, justify="right" if col in ("share", "samples") else "left", no_wrap=True)
+        for h in r.hot_lines:
+            hot.add_row(fmt.pct(_share(h)), str(h.get("samples") or ""), safe(str(h.get("phase") or "")),
+                        safe(_where(h)), safe(fmt.shorten(str(h.get("code") or ""), 60)))
+        parts.append(hot)
+    if r.workers:
+        wt = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style="bold",
+                   title=f"DataLoader workers ({len(r.workers)})", title_justify="left", title_style="bold")
+        for col in ("PID", "CPU", "busy", "spends it on"):
+            wt.add_column(col, justify="left" if col == "spends it on" else "right", no_wrap=True)
+        for w in r.workers:
+            top = (w.get("top_frames") or [None])[0]
+            cpu = w.get("cpu_percent")
+            wt.add_row(str(w.get("pid") or "?"), f"{cpu:.0f}%" if isinstance(cpu, (int, float)) else "N/A",
+                       fmt.pct(w.get("busy_share")) if w.get("busy_share") is not None else "N/A",
+                       safe(f"{_where(top)} {top.get('code') or ''}".strip()) if top else
+                       Text("waiting for work", style="dim"))
+        parts.append(wt)
+    else:
+        parts.append(Text("DataLoader workers: none seen (num_workers=0, or no DataLoader): batches are built "
+                          "in the main process", style="dim"))
+    return Group(*parts)
+
+
+def _share(d: dict) -> float | None:
+    v = d.get("share")
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def attach_renderable(a):
+    multi = len(a.ranks) > 1
+    parts: list = [attach_intro(a), Text("")]
+    if not a.ranks:
+        parts.append(Text("no process was sampled in this window", style="dim"))
+        return Group(*parts)
+    if multi:
+        parts += [attach_ranks_table(a), Text("")]
+    for r in a.ranks:
+        parts += [attach_rank_renderable(r, multi), Text("")]
+    return Group(*parts)
+
+
 class StepsPane(Pane):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="steps-scroll"):
+            attach = Static(id="steps-attach")
+            attach.display = False                 # shown for attached jobs only (diag tui --attach)
+            yield attach
             yield Static(id="steps-summary")
             yield Static(id="steps-breakdown")
             if getattr(self.app, "baseline", None) is not None:
@@ -131,6 +264,11 @@ class StepsPane(Pane):
         ev = state.evidence
         if ev is None:
             self.query_one("#steps-summary", Static).update(Text("waiting for the script…", style="dim"))
+            return
+        a = summarize_attach(ev)
+        self._show_attach(a is not None)
+        if a is not None:
+            self.query_one("#steps-attach", Static).update(attach_renderable(a))
             return
         s = summarize_steps(ev)
         self.query_one("#steps-summary", Static).update(summary_text(s, ev))
@@ -161,3 +299,17 @@ class StepsPane(Pane):
                               Text(fmt.ms(m.get("total_s")), style=style), fmt.ms(m.get("data_s")),
                               fmt.ms(m.get("forward_s")), fmt.ms(m.get("backward_s")),
                               fmt.ms(m.get("optimizer_s")), fmt.si(r.samples_s), fmt.si(r.tokens_s))
+
+    def _show_attach(self, on: bool) -> None:
+        """An attached job has no step records: its sampled view replaces the step view (and back)."""
+        self.query_one("#steps-attach").display = on
+        for wid in ("#steps-summary", "#steps-breakdown"):
+            self.query_one(wid).display = not on
+        if on:
+            for wid in ("#steps-ranks", "#steps-spark-label", "#steps-spark", "#steps-data-label",
+                        "#steps-data-spark"):
+                self.query_one(wid).display = False
+            if getattr(self.app, "baseline", None) is not None:
+                self.query_one("#steps-baseline").display = False
+        elif getattr(self.app, "baseline", None) is not None:
+            self.query_one("#steps-baseline").display = True
