@@ -55,7 +55,7 @@ class TimelineSummary:
                 "device_step_s": round(self.step_s, 6), "host_step_s": round(self.host_step_s, 6)}
 
 
-def _syncs_every_step(r: RankEvidence) -> bool:
+def syncs_every_step(r: RankEvidence) -> bool:
     per = r.sync.per_step if isinstance(r.sync.per_step, list) else None
     return bool(per) and median([float(x) for x in per]) >= 1
 
@@ -89,8 +89,8 @@ def summarize(r: RankEvidence) -> TimelineSummary | None:
     eval_s = sum(float((s.get("phases") or {}).get("eval", 0.0)) for s in steps)
     between = idle_by.pop("between", 0.0)
     causes = {"data": idle_by.get("data", 0.0), "h2d": idle_by.get("h2d", 0.0),
-              "sync": between if _syncs_every_step(r) else 0.0,
-              "host": 0.0 if _syncs_every_step(r) else between, "eval": eval_s}
+              "sync": between if syncs_every_step(r) else 0.0,
+              "host": 0.0 if syncs_every_step(r) else between, "eval": eval_s}
     idle = sum(v for k, v in causes.items() if k != "eval")
     host_total = sum(float(s.get("host_s") or 0.0) for s in steps)
     by_index = {s.index: s for s in r.steps}

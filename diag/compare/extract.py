@@ -81,7 +81,7 @@ def _device_steps(rank) -> dict[str, Any] | None:
     """The device timeline's per-step records as columns (``clock: "device"``), or None without one.
     Idle between two steps is ``sync`` when the loop synchronises every step, else ``host`` (the rule
     of :func:`diag.timeline.summarize`)."""
-    from diag.timeline import _syncs_every_step
+    from diag.timeline import syncs_every_step
 
     tl = rank.timeline
     if tl.clock != "device" or not isinstance(tl.steps, list):
@@ -90,7 +90,7 @@ def _device_steps(rank) -> dict[str, Any] | None:
             and isinstance(s.get("device_s"), (int, float))]
     if not recs:
         return None
-    between = "idle_sync_s" if _syncs_every_step(rank) else "idle_host_s"
+    between = "idle_sync_s" if syncs_every_step(rank) else "idle_host_s"
 
     def num(v) -> float:
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
