@@ -59,8 +59,13 @@ def evidence_for(scenario: str, seconds: float = 30.0, interval: float = 0.5, st
     return ev
 
 
+# The GPU-telemetry checks (gpu.idle, in the same namespace, judges the CUDA device timeline instead:
+# tests/test_timeline_checks.py)
+TELEMETRY = (["gpu"], ["gpu.idle"])
+
+
 def judge(ev: Evidence) -> dict:
-    reg = Registry.discover().select(["gpu"])
+    reg = Registry.discover().select(*TELEMETRY)
     return {f.id: f for f in reg.run(ev)}
 
 
@@ -264,7 +269,7 @@ def test_check_with_simulated_imbalance_end_to_end(diag_cli, write_script):
 @pytest.mark.slow
 def test_check_with_env_simulation_text_says_simulated(diag_cli, write_script):
     script = write_script("train.py", TRAIN)
-    r = diag_cli("check", "--script", str(script), "--gpu-interval", "0.25", "--select", "gpu",
+    r = diag_cli("check", "--script", str(script), "--gpu-interval", "0.25", "--select", "gpu", "--ignore", "gpu.idle",
                  env={"DIAG_SIMULATE_GPUS": "throttling", "COLUMNS": "200"})
     assert r.code == 0, r.stderr
     assert "SIMULATED" in r.stdout and "gpu.throttling" in r.stdout and "GPU 1 was slowed by heat" in r.stdout
@@ -274,7 +279,7 @@ def test_check_with_env_simulation_text_says_simulated(diag_cli, write_script):
 @pytest.mark.slow
 def test_check_without_gpu_skips_with_the_reason(diag_cli, write_script):
     script = write_script("train.py", TRAIN)
-    r = diag_cli("check", "--script", str(script), "--select", "gpu", "--format", "json")
+    r = diag_cli("check", "--script", str(script), "--select", "gpu", "--ignore", "gpu.idle", "--format", "json")
     rep = r.json()
     ev = json.loads(open(rep["run"]["evidence"]).read())
     if ev["gpu"]["devices"]:
