@@ -1,6 +1,7 @@
 """diag tui --attach: the live app on a real running training process (sampled in windows)."""
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -40,7 +41,9 @@ async def test_tui_attach_shows_findings_and_log_lines(target):  # noqa: F811
         assert "sampled shares, not timings" in steps and f"PID {t.pid}" in steps
         assert "data" in steps and "samples" in steps
         header = app.query_one("#header").text
-        assert "ATTACHED" in header and f"PID {t.pid}" in header and "sampled window 2." in header
+        # the window's measured length (about the 2 s asked for; a loaded machine stretches or cuts it)
+        assert "ATTACHED" in header and f"PID {t.pid}" in header
+        assert re.search(r"sampled window \d+(\.\d+)? s at \d+ Hz", header), header
         await pilot.press("6")                             # the Log tab: one line per window
         await _wait(pilot, lambda: any("window 1" in line for _, line in app._pending_logs)
                     or app.pane("log").renders > 0, 20)
