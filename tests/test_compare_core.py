@@ -123,9 +123,11 @@ def test_findings_diff_new_gone_changed():
     fa = [{"id": "a.gone", "severity": "warning", "message": "m"}, {"id": "b.same", "severity": "info"},
           {"id": "c.sev", "severity": "info"}, {"id": "p.pass", "severity": "pass"}]
     fb = [{"id": "b.same", "severity": "info"}, {"id": "c.sev", "severity": "error"},
+          {"id": "probe.overhead", "severity": "warning", "message": "diag's probe took 2.1%"},
           {"id": "d.new", "severity": "warning", "message": "new sync",
            "location": {"file": "/w/train.py", "line": 88}}]
     c = compare([_sample(_evidence(seed=1), fa)], [_sample(_evidence(seed=2, backward=0.007), fb)])
+    # probe.overhead is about diag's probe, not the job: never a new finding of the job
     assert [f["id"] for f in c.findings["new"]] == ["d.new"]
     assert c.findings["new"][0]["location"] == "train.py:88"
     assert [f["id"] for f in c.findings["gone"]] == ["a.gone"]

@@ -501,14 +501,20 @@ def _attribute_device(step: MetricResult | None, effects: dict[str, stats.Effect
 
 # ---- findings ---------------------------------------------------------------------------------------
 
+# Findings about diag itself (its probe's own cost), not about the job: a regression gate compares the
+# job, and the probe's share of a short step flickers around its threshold from run to run.
+ABOUT_DIAG = ("probe.",)
+
+
 def findings_diff(base: list[RunSample], new: list[RunSample]) -> dict[str, list[dict]]:
-    """new, gone and severity-changed findings (pass and skipped results are not findings)."""
+    """new, gone and severity-changed findings (pass and skipped results are not findings, nor are
+    the findings about diag's own probe: :data:`ABOUT_DIAG`)."""
     def index(side):
         out: dict[str, dict] = {}
         for s in side:
             for f in s.findings:
                 sev = f.get("severity")
-                if sev in ("pass", "skipped") or not f.get("id"):
+                if sev in ("pass", "skipped") or not f.get("id") or str(f["id"]).startswith(ABOUT_DIAG):
                     continue
                 key = f["id"]
                 if key not in out or _SEVERITY_RANK.get(sev, 0) > _SEVERITY_RANK.get(out[key]["severity"], 0):
