@@ -164,7 +164,7 @@ class SyncRecorder:
     def _start_copy_watch(self, torch) -> None:
         ext = self
         Tensor = torch.Tensor
-        orig_to, orig_cuda, orig_copy = Tensor.to, Tensor.cuda, Tensor.copy_
+        orig_to, orig_cuda, orig_copy = Tensor.to, Tensor.cuda, getattr(Tensor, "copy_", None)
         self._copy_patches = Patches()
 
         def to(t, *args, **kwargs):
@@ -201,11 +201,13 @@ class SyncRecorder:
                     return _timed_copy(orig_copy, t, (src,) + args, kwargs, src)
             return orig_copy(t, src, *args, **kwargs)
 
-        to.__wrapped__, cuda.__wrapped__, copy_.__wrapped__ = orig_to, orig_cuda, orig_copy
-        to.__doc__, cuda.__doc__, copy_.__doc__ = orig_to.__doc__, orig_cuda.__doc__, orig_copy.__doc__
+        to.__wrapped__, cuda.__wrapped__ = orig_to, orig_cuda
+        to.__doc__, cuda.__doc__ = orig_to.__doc__, orig_cuda.__doc__
         self._patch(Tensor, "to", to, self._copy_patches)
         self._patch(Tensor, "cuda", cuda, self._copy_patches)
-        self._patch(Tensor, "copy_", copy_, self._copy_patches)
+        if orig_copy is not None:
+            copy_.__wrapped__, copy_.__doc__ = orig_copy, orig_copy.__doc__
+            self._patch(Tensor, "copy_", copy_, self._copy_patches)
         self._copy_watch = True
         COPY_WATCH["on"] = True
         self.copies["watched"] = True
