@@ -362,3 +362,22 @@ def test_copies_from_another_thread_are_not_marked():
     sim.ext._on_copy("start")
     assert sim.clock.recorded == before + 1
     sim.finish()
+
+
+def test_checkpoint_in_a_forward_first_loop():
+    # no DataLoader (batches already on the GPU): the step's first mark comes after its forward was
+    # queued; the save before it is idle, the forward after it is not
+    def body(s, i):
+        s.forward(FWD)
+        s.backward(BWD)
+        s.optimizer(OPT)
+        if i % 5 == 4:
+            s.ckpt(0.100)
+    sim = run_loop(30, body)
+    s = summarize(sim.evidence().primary)
+    for st in _steps(sim):
+        if "ckpt" in st["idle"]:
+            assert st["idle"]["ckpt"] == pytest.approx(0.100, abs=0.002)
+            assert st["idle"].get("between", 0.0) < 0.002
+            assert st["busy_s"] == pytest.approx(FWD + BWD + OPT, abs=0.003)
+    assert s.causes["checkpoint"] > 0.15 and s.causes["host"] < 0.01

@@ -284,6 +284,8 @@ class TimelineRecorder:
                 stack.append(cur or "forward")
             elif label in NESTED_END:
                 nxt = stack.pop() if stack else (cur or "forward")
+            if nxt == "between" and _nl in AFTER_FORWARD:
+                nxt = "forward"     # a forward-first loop queued its forward before this mark: not idle
             cur = nxt
             add(cur, max(el(h, nh), 0.0), t)
         device_ms = sum(phases.values())
