@@ -301,8 +301,8 @@ def dataloader_pin_memory(ctx):
     sites = copies.get("sites") or []
     if pageable_nb:
         where = f" at {short_file(sites[0])}" if sites else ""
-        parts.append(f"{pageable_nb} non_blocking copies (.to(..., non_blocking=True) or .copy_) came from pageable memory{where}, "
-                     "so they ran synchronously")
+        parts.append(f"{pageable_nb} non_blocking copies (.to(..., non_blocking=True) or .copy_) came from "
+                     f"pageable memory{where}, so they ran synchronously")
     size = (f"; about {per_step / (1 << 20):.1f} MiB cross per step, an estimated {ms(est)} "
             f"({pct(share)} of the {ms(step_s)} step) at pageable-copy speed") if share is not None else ""
     if device:
