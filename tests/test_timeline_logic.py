@@ -381,3 +381,24 @@ def test_checkpoint_in_a_forward_first_loop():
             assert st["idle"].get("between", 0.0) < 0.002
             assert st["busy_s"] == pytest.approx(FWD + BWD + OPT, abs=0.003)
     assert s.causes["checkpoint"] > 0.15 and s.causes["host"] < 0.01
+
+
+def test_eval_loader_pass_in_a_forward_first_loop():
+    # batches already on the GPU (no training loader), an evaluation pass over a loader every 5th
+    # step: its fetches are evaluation's idle; the training forward after its StopIteration is busy
+    def body(s, i):
+        s.forward(FWD)
+        s.backward(BWD)
+        s.optimizer(OPT)
+        if i % 5 == 4:
+            s.eval_pass(0.020, batches=4, wait_s=0.010, item=True)
+    sim = run_loop(30, body)
+    after = [st for st in _steps(sim) if "eval" in st["phases"]]
+    assert len(after) == 5
+    for st in after:
+        # the first fetch is hidden behind the step's kernels; the 3 after an .item() are exposed
+        assert st["idle"]["eval"] == pytest.approx(3 * 0.010, abs=0.002)
+        assert st["busy_s"] >= FWD + BWD + OPT + 0.020 - 0.003        # training kernels and the pass's
+        assert "data" not in st["idle"]
+    s = summarize(sim.evidence().primary)
+    assert s.causes["data"] == 0.0 and s.causes["eval"] > 0.05

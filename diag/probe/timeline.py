@@ -284,8 +284,10 @@ class TimelineRecorder:
                 stack.append(cur or "forward")
             elif label in NESTED_END:
                 nxt = stack.pop() if stack else (cur or "forward")
-            if nxt == "between" and _nl in AFTER_FORWARD:
-                nxt = "forward"     # a forward-first loop queued its forward before this mark: not idle
+            if (nxt == "between" or nxt == "data") and _nl in AFTER_FORWARD:
+                # a forward-first loop queued its forward before this mark (after the code between
+                # steps, or after a loader's StopIteration): not idle
+                nxt = "forward"
             cur = nxt
             add(cur, max(el(h, nh), 0.0), t)
         device_ms = sum(phases.values())
