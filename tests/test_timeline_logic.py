@@ -402,3 +402,57 @@ def test_eval_loader_pass_in_a_forward_first_loop():
         assert "data" not in st["idle"]
     s = summarize(sim.evidence().primary)
     assert s.causes["data"] == 0.0 and s.causes["eval"] > 0.05
+
+
+class _FakeCuda:
+    """The slice of torch.cuda CudaClock uses: events, the current stream, graph capture."""
+
+    class Event:
+        made = 0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            _FakeCuda.Event.made += 1
+            self.recorded = 0
+
+        def record(self):
+            self.recorded += 1
+
+    def __init__(self):
+        self.stream = "default"
+        self.capturing = False
+
+    def current_stream(self):
+        return self.stream
+
+    def is_current_stream_capturing(self):
+        return self.capturing
+
+
+def test_cuda_clock_knows_the_training_stream_and_skips_side_stream_copies():
+    from types import SimpleNamespace
+
+    from diag.probe.timeline import CudaClock
+
+    cuda = _FakeCuda()
+    clock = CudaClock(SimpleNamespace(cuda=cuda))
+    assert clock.same_stream()                 # nothing recorded yet
+    e = clock.record()
+    assert e.recorded == 1 and clock.same_stream()
+    cuda.stream = "prefetcher"
+    assert not clock.same_stream()
+    cuda.capturing = True
+    assert clock.record() is None               # no event inside a CUDA graph capture
+    cuda.capturing = False
+    clock.release(e)
+    made = _FakeCuda.Event.made
+    assert clock.record() is e and _FakeCuda.Event.made == made     # reused from the pool
+
+    # the probe: a copy made while a side stream is current is neither marked nor counted
+    sim = LoopSim()
+    sim.clock.same_stream = lambda: False
+    n = sim.clock.recorded
+    sim.ext._on_copy("start", None)
+    sim.ext._on_copy("end", None)
+    assert sim.clock.recorded == n and (sim.ext.rec.current is None or sim.ext.rec.current.copies is None)
+    sim.finish()
