@@ -195,3 +195,24 @@ def test_copy_watch_times_copy_into_cuda_and_tells_the_listener_the_source():
         perf_sync.COPY_LISTENERS.remove(listener)
     assert not perf_sync.COPY_WATCH["on"]
     assert "copy_" not in torch.Tensor.__dict__            # the inherited copy_ shows through again
+
+
+def test_safetensors_saves_are_one_checkpoint_interval_each(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    from torch import nn
+
+    orig_file, orig_model = st.save_file, st.save_model
+    clock = HostClock()
+    ext = Recording(clock=clock)
+    probe = Probe([].append, extensions=[ext]).install()
+    try:
+        assert st.save_file is not orig_file and st.save_file.__wrapped__ is orig_file
+        model = nn.Linear(8, 2)
+        st.save_model(model, str(tmp_path / "m.safetensors"))          # calls save_file inside: one interval
+        st.save_file({"w": torch.ones(3)}, str(tmp_path / "w.safetensors"))
+    finally:
+        probe.uninstall()
+    assert clock.labels.count("ckpt_start") == 2 and clock.labels.count("ckpt_end") == 2
+    assert ext._ckpt_depth == 0
+    assert st.save_file is orig_file and st.save_model is orig_model
+    assert st.load_file(str(tmp_path / "w.safetensors"))["w"].sum().item() == 3.0
