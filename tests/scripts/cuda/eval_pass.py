@@ -8,10 +8,10 @@ from torch import nn
 
 from cuda_common import DEV, loader, mlp
 
-model = mlp(width=4096, depth=4).to(DEV)
+model = mlp(width=4096, depth=6).to(DEV)          # ~8 ms a step in fp32 on an H200: GPU-bound
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 val = loader(batch=256, delay=0.0001, workers=0, n=256 * 4)
-for step, (x, y) in enumerate(loader(batch=1024, workers=2, pin=True, n=1024 * 60), 1):
+for step, (x, y) in enumerate(loader(batch=1024, workers=6, pin=True, n=1024 * 60), 1):
     x, y = x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True)
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(set_to_none=True)
