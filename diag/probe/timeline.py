@@ -28,6 +28,8 @@ step's fetch begins) are ``eval``: busy or idle, the idle part attributed to eva
 
 Cost: one ``Event(enable_timing=True)`` + ``record()`` per mark (a few µs; about 6 to 10 marks per
 step), one ``query()`` per pending step per step end, ``elapsed_time`` only for completed steps.
+Copies are marked only inside the copy window (20 steps; two marks, one ``is_pinned()`` and a stream
+comparison per copy; the step records of that window carry ``copies``); a save costs two marks.
 Off with ``DIAG_TIMELINE=0`` (or ``DIAG_PROBE_DISABLE=timelineprobe``); never installed on a machine
 without CUDA.
 
