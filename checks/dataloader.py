@@ -2,7 +2,8 @@
 batches built by hand in the training loop."""
 from __future__ import annotations
 
-from diag.checks.api import check, cuda_training, data_wait, device_types, median, training_models, Severity
+from diag.checks.api import (check, cuda_training, data_wait, device_types, gpu_timeline, median, training_models,
+                             Severity)
 
 import math
 
@@ -245,7 +246,9 @@ def dataloader_pin_memory(ctx):
     """CUDA training whose DataLoader does not pin memory, or `.to(device, non_blocking=True)` from
     pageable (unpinned) memory, which silently runs synchronously. Sized by the estimated copy time
     per step (measured host-to-device bytes per step, else the batch's size, at ~12 GB/s pageable vs
-    ~24 GB/s pinned over PCIe 4.0): warning when it is >= 5% of the step, info below.
+    ~24 GB/s pinned over PCIe 4.0): warning when it is >= 5% of the step, info below. On CUDA runs with
+    a device timeline whose copy window timed pageable copies, sized instead by the GPU idle time those
+    copies measured on the device clock (``evidence.clock: "device"``), pinned copies reported beside.
     Skipped when the model does not train on CUDA."""
     ev = ctx.evidence
     r = ev.primary
@@ -268,15 +271,27 @@ def dataloader_pin_memory(ctx):
                "est_pageable_copy_s": round(est, 7) if est is not None else None,
                "est_saving_s": round(saving, 7) if saving is not None else None,
                "copy_share_of_step": round(share, 4) if share is not None else None,
-               "step_s": round(step_s, 6) if step_s else None}
+               "step_s": round(step_s, 6) if step_s else None, "clock": "host"}
+    # the device clock: copies timed with CUDA events in the copy window (diag.timeline.CopyCost)
+    tl = gpu_timeline(r)
+    cc = tl.copies if tl is not None else None
+    if cc is not None:
+        numbers.update(copies_device=cc.as_dict(), gpu_idle_pageable_copy_share=round(cc.pageable_share, 4),
+                       gpu_idle_pinned_copy_share=round(cc.pinned_share, 4))
+    device = cc is not None and cc.pageable_n > 0
     if not unpinned and not pageable_nb:
         if not loaders and not copies:
             yield ctx.skip("No DataLoader fed the training and host-to-device copies were not "
                                       f"recorded ({PERF_MISSING}).")
             return
-        yield ctx.passed("Every DataLoader pins its batches and no non_blocking copy came from pageable memory.",
-                     **numbers, title="Copies come from pinned memory")
+        pinned = (f" On the device clock pinned copies take {pct(cc.pinned_share)} of the step."
+                  if cc is not None and cc.pinned_n else "")
+        yield ctx.passed("Every DataLoader pins its batches and no non_blocking copy came from pageable memory."
+                         + pinned, **numbers, title="Copies come from pinned memory")
         return
+    if device:
+        share = cc.pageable_share
+        numbers["clock"] = "device"
     sev = Severity.WARNING if share is None or share >= PIN_WARN_SHARE else Severity.INFO
     parts = []
     if unpinned:
@@ -286,10 +301,17 @@ def dataloader_pin_memory(ctx):
     sites = copies.get("sites") or []
     if pageable_nb:
         where = f" at {short_file(sites[0])}" if sites else ""
-        parts.append(f"{pageable_nb} .to(..., non_blocking=True) copies came from pageable memory{where}, "
-                     "so they ran synchronously")
+        parts.append(f"{pageable_nb} non_blocking copies (.to(..., non_blocking=True) or .copy_) came from "
+                     f"pageable memory{where}, so they ran synchronously")
     size = (f"; about {per_step / (1 << 20):.1f} MiB cross per step, an estimated {ms(est)} "
             f"({pct(share)} of the {ms(step_s)} step) at pageable-copy speed") if share is not None else ""
+    if device:
+        d = cc.as_dict()["pageable"]
+        size = (f"; on the device clock the GPU sat idle {pct(cc.pageable_share)} of the step in pageable copies "
+                f"({ms(d['seconds_per_step'])} and {d['bytes_per_step'] / (1 << 20):.1f} MiB per step"
+                + (f", {d['gb_per_s']:.1f} GB/s" if d["gb_per_s"] else "") + f"; measured over {cc.steps} steps)")
+        if cc.pinned_n:
+            size += f", pinned copies {pct(cc.pinned_share)}"
     location = loc(sites[0]) if pageable_nb and sites else loc(unpinned[0].location) if unpinned else None
     yield ctx.finding(
         severity=sev,
@@ -412,7 +434,7 @@ def dataloader_main_thread_data(ctx):
     dw = data_wait(r)   # device clock: the GPU idle of data, copies and the code between steps
     tl = dw.summary
     if tl is not None:
-        dev_share = sum(tl.causes.get(k, 0.0) for k in ("data", "h2d", "host", "sync"))
+        dev_share = sum(tl.causes.get(k, 0.0) for k in ("data", "h2d", "h2d_pinned", "host", "sync"))
         numbers.update(dw.evidence(), gpu_idle_main_thread_share=round(dev_share, 4))
         if share >= WARN_SHARE and dev_share < WARN_SHARE:
             yield ctx.passed(f"{pct(share)} of step time ({ms(gap)}) passes between a step's end and the next forward "

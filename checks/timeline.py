@@ -15,11 +15,20 @@ FIXES = {
     "h2d": ("Copies from pageable memory block the stream: pin the batches and copy with non_blocking=True "
             "(see dataloader.pin-memory).",
             "loader = DataLoader(ds, batch_size=B, pin_memory=True)\nx = x.to('cuda', non_blocking=True)"),
+    "h2d_pinned": ("Pinned copies on the training stream still hold it up: copy the next batch on a side stream "
+                   "while this one computes, or keep the data on the GPU.",
+                   "copy_stream = torch.cuda.Stream()\nwith torch.cuda.stream(copy_stream):\n"
+                   "    nxt = batch.to('cuda', non_blocking=True)\n"
+                   "torch.cuda.current_stream().wait_stream(copy_stream)"),
     "sync": ("A host sync every step (.item(), .cpu(), synchronize) empties the GPU's queue, so the Python "
              "after it leaves the GPU idle: read values back every N steps instead (see sync.host-device).",
              "if step % 100 == 0:\n    print(loss.item())"),
-    "host": ("Python between two steps (logging, metrics, checkpointing) leaves the GPU idle: do it less "
+    "host": ("Python between two steps (logging, metrics) leaves the GPU idle: do it less "
              "often, or asynchronously.", None),
+    "checkpoint": ("Saving checkpoints leaves the GPU idle while the host serialises: save less often, or hand "
+                   "the state to a background writer (torch.distributed.checkpoint.async_save).", None),
+    "eval": ("The GPU idles during evaluation passes (their data loading, per-batch .item()): give the "
+             "evaluation DataLoader workers and read metrics back once per pass.", None),
 }
 
 
@@ -27,8 +36,9 @@ FIXES = {
        tags=["performance", "gpu"], docs="docs/timeline.md")
 def gpu_idle(ctx):
     """The share of each step the GPU sat idle, measured with CUDA events on the device's clock, and
-    what the host was doing meanwhile: waiting for data, host-to-device copies, after a per-step host
-    sync, Python between steps; evaluation between steps is reported beside it. Info at >= 10% of the
+    what the host was doing meanwhile: waiting for data, host-to-device copies (pageable and pinned
+    apart), after a per-step host sync, Python between steps, checkpointing, evaluation passes
+    (their idle; their whole device time is reported beside it). Info at >= 10% of the
     step, warning at >= 30%. Skipped without a device timeline (CPU runs, DIAG_TIMELINE=0)."""
     r = ctx.rank
     s = gpu_timeline(r)

@@ -27,16 +27,26 @@ CUDA = REPO / "tests" / "scripts" / "cuda"
 # expectation: {"fire": [ids that must be warning/error]} or {"pass": [ids that must not be]},
 # plus optional "message" substrings per id and "evidence" predicates (key, op, value) per id.
 TWINS = [
-    ("hidden_data_wait", "hidden_data_wait.py", 40, {},
+    ("hidden_data_wait", "hidden_data_wait.py", 30, {},
      {"pass": ["dataloader.workers"], "evidence": {"dataloader.workers": [("clock", "==", "device")]}}),
-    ("exposed_data_wait", "exposed_data_wait.py", 40, {},
+    ("exposed_data_wait", "exposed_data_wait.py", 30, {},
      {"fire": ["dataloader.workers"], "evidence": {"dataloader.workers": [("clock", "==", "device"),
                                                                          ("gpu_idle_data_share", ">", 0.2)]}}),
     ("amp_unused", "amp_unused.py", 30, {}, {"fire": ["amp.unused"]}),
     ("fp16_no_scaler", "fp16_no_scaler.py", 30, {}, {"fire": ["amp.fp16-without-scaler"]}),
     ("eval_no_grad", "eval_no_grad.py", 30, {}, {"fire": ["eval.no-grad"]}),
-    ("host_sync", "host_sync.py", 40, {}, {"fire": ["sync.host-device"]}),
-    ("pageable_copies", "pageable_copies.py", 40, {}, {"fire": ["dataloader.pin-memory"]}),
+    ("host_sync", "host_sync.py", 30, {}, {"fire": ["sync.host-device"]}),
+    ("pageable_copies", "pageable_copies.py", 30, {},
+     {"fire": ["dataloader.pin-memory"], "evidence": {"dataloader.pin-memory": [
+         ("clock", "==", "device"), ("gpu_idle_pageable_copy_share", ">", 0.0)]}}),
+    ("pinned_copies", "pinned_copies.py", 30, {},
+     {"pass": ["dataloader.pin-memory"], "evidence": {"dataloader.pin-memory": [
+         ("copies_device.pinned.copies_per_step", ">=", 1), ("copies_device.pageable.copies_per_step", "==", 0)]}}),
+    ("checkpoint_save", "checkpoint_save.py", 30, {},
+     {"evidence": {"gpu.idle": [("idle_causes.checkpoint", ">", 0.02), ("idle_causes.host", "<", 0.02)]}}),
+    ("eval_pass", "eval_pass.py", 30, {},
+     {"pass": ["dataloader.workers"], "evidence": {"gpu.idle": [("idle_causes.eval", ">", 0.02),
+                                                                ("eval_share", ">", 0.02)]}}),
     ("cuda_oom", "cuda_oom.py", None, {"DIAG_MEMORY_ESTIMATE": "1"},
      {"fire": ["memory.oom"], "message": {"memory.oom": "fits"}}),
     ("cudnn_benchmark_off", "cudnn_benchmark_off.py", 30, {}, {"fire": ["cudnn.benchmark"]}),
@@ -45,6 +55,9 @@ TWINS = [
 
 # in order of priority: the slow, older gpu tests last, so that a squeezed budget cuts them first
 PARTS = ["gpus", "twins", "overhead", "mfu", "nvml_cost", "gpu_tests"]
+# the most seconds a part may take (the twins stop starting workloads past theirs), so that one slow part
+# cannot starve the ones after it; gpu_tests gets what is left
+PART_BUDGET = {"gpus": 50, "twins": 250, "overhead": 100, "mfu": 90, "nvml_cost": 30}
 DESCRIBE = {
     "gpus": "`diag gpus` and `diag gpus --json` on the real driver",
     "gpu_tests": "pytest -m gpu tests/test_gpu_real.py tests/test_memory_gpu.py (NVML on a real driver; memory "
@@ -57,7 +70,7 @@ DESCRIBE = {
            "matmul's TFLOP/s",
     "nvml_cost": "NVML sampler cost: mean seconds per NvmlProvider.sample() over 200 calls",
 }
-TIMEOUT = {"gpus": 60, "gpu_tests": 180, "twin": 60, "overhead": 60, "mfu": 90, "nvml_cost": 40}
+TIMEOUT = {"gpus": 25, "gpu_tests": 180, "twin": 60, "overhead": 45, "mfu_raw": 30, "mfu": 60, "nvml_cost": 30}
 
 
 class Run:
@@ -141,10 +154,20 @@ def _cmp(v, op, ref) -> bool:
         return False
 
 
+def _get(d, key: str):
+    """``d[a][b]`` for the key ``"a.b"`` (None where a level is missing)."""
+    for k in key.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
 def part_twins(run: Run):
     results = {}
+    t0 = time.monotonic()
     for name, script, steps, env, expect in TWINS:
-        if run.left() < 30:
+        if run.left() < 30 or time.monotonic() - t0 > PART_BUDGET["twins"] - 20:
             results[name] = {"ok": False, "why": "skipped: out of time"}
             continue
         rep_path = run.reports / f"{name}.json"
@@ -177,15 +200,15 @@ def part_twins(run: Run):
         for cid, preds in expect.get("evidence", {}).items():
             evd = (fs.get(cid) or {}).get("evidence", {})
             for key, op, ref in preds:
-                if not _cmp(evd.get(key), op, ref):
-                    problems.append(f"{cid}.evidence.{key}={evd.get(key)!r}, expected {op} {ref!r}")
-        watched = set(expect.get("fire", [])) | set(expect.get("pass", []))
+                if not _cmp(_get(evd, key), op, ref):
+                    problems.append(f"{cid}.evidence.{key}={_get(evd, key)!r}, expected {op} {ref!r}")
+        watched = set(expect.get("fire", [])) | set(expect.get("pass", [])) | set(expect.get("evidence", {}))
         res["findings"] = {cid: {"severity": fs[cid].get("severity"), "message": fs[cid].get("message"),
                                  "evidence": fs[cid].get("evidence")} for cid in watched if cid in fs}
         try:
             evp = Path(report["run"]["evidence"])
             tl = json.loads(evp.read_text())["ranks"][0].get("timeline") or {}
-            res["timeline"] = {k: tl.get(k) for k in ("clock", "resolved", "dropped", "pending", "totals")}
+            res["timeline"] = {k: tl.get(k) for k in ("clock", "resolved", "dropped", "pending", "totals", "copies")}
         except Exception:
             pass
         res["ok"] = not problems
@@ -197,10 +220,13 @@ def part_twins(run: Run):
 
 def part_overhead(run: Run):
     pairs = []
+    t0 = time.monotonic()
     for i in range(3):
         if run.left() < 40:
             break
         row = {}
+        if i and time.monotonic() - t0 > PART_BUDGET["overhead"] - 35:
+            break
         for mode in ("plain", "probe"):
             out = run.out / f"bench-{mode}-{i}.json"
             env = {"PYTHONPATH": str(CUDA), "BENCH_OUT": str(out)}
@@ -239,7 +265,7 @@ print(json.dumps({"tflops": 2 * n ** 3 * k / dt / 1e12, "device": torch.cuda.get
 
 
 def part_mfu(run: Run):
-    rc, so, _, _ = run.sh("mfu-raw", [sys.executable, "-c", RAW_MATMUL], 60)
+    rc, so, _, _ = run.sh("mfu-raw", [sys.executable, "-c", RAW_MATMUL], TIMEOUT["mfu_raw"])
     raw = None
     try:
         raw = json.loads(so.strip().splitlines()[-1])
@@ -283,6 +309,43 @@ def part_nvml_cost(run: Run):
     run.part("nvml_cost", rc == 0 and bool(d), **d)
 
 
+def readme_figures(figures: dict) -> dict:
+    """The figures the README's "GPU truth" section quotes, in one place (figures.json's ``readme``)."""
+    parts = figures.get("parts", {})
+    tw = parts.get("twins", {}).get("workloads", {})
+
+    def ev(w, cid, key):
+        return _get(((tw.get(w) or {}).get("findings") or {}).get(cid, {}).get("evidence") or {}, key)
+
+    ov, mfu, gt, nv = (parts.get(k, {}) for k in ("overhead", "mfu", "gpu_tests", "nvml_cost"))
+    return {
+        "date": figures.get("started"), "gpu": figures.get("device"), "torch": figures.get("torch"),
+        "parts_ok": sorted(k for k, v in parts.items() if v.get("ok")),
+        "parts_failed": sorted(k for k, v in parts.items() if not v.get("ok")),
+        "probe_overhead_pct": ov.get("overhead_pct"), "steady_step_ms": ov.get("step_ms_plain"),
+        "mfu_wall": mfu.get("mfu"), "mfu_busy": mfu.get("mfu_busy"), "achieved_tflops": mfu.get("achieved_tflops"),
+        "peak_tflops": mfu.get("peak_tflops"),
+        "raw_bf16_matmul_tflops": (mfu.get("raw_bf16_matmul") or {}).get("tflops"),
+        "memory_estimate_error_pct": {e["model"]: e["error_pct"] for e in gt.get("memory_estimate", [])},
+        "nvml_sample_ms": nv.get("per_sample_ms"),
+        "twins_ok": f"{sum(1 for r in tw.values() if r.get('ok'))}/{len(tw)}" if tw else None,
+        "twins_failed": sorted(k for k, r in tw.items() if not r.get("ok")),
+        "timeline": {
+            "hidden_data_wait": {k: ev("hidden_data_wait", "dataloader.workers", k)
+                                 for k in ("gpu_idle_share", "gpu_idle_data_share", "host_data_share")},
+            "exposed_data_wait": {k: ev("exposed_data_wait", "dataloader.workers", k)
+                                  for k in ("gpu_idle_share", "gpu_idle_data_share", "host_data_share")},
+            "pageable_copy_gb_per_s": ev("pageable_copies", "dataloader.pin-memory", "copies_device.pageable.gb_per_s"),
+            "pageable_copy_idle_share": ev("pageable_copies", "dataloader.pin-memory", "gpu_idle_pageable_copy_share"),
+            "pinned_copy_gb_per_s": ev("pinned_copies", "dataloader.pin-memory", "copies_device.pinned.gb_per_s"),
+            "pinned_copy_idle_share": ev("pinned_copies", "dataloader.pin-memory", "gpu_idle_pinned_copy_share"),
+            "checkpoint_idle_share": ev("checkpoint_save", "gpu.idle", "idle_causes.checkpoint"),
+            "eval_idle_share": ev("eval_pass", "gpu.idle", "idle_causes.eval"),
+            "eval_device_share": ev("eval_pass", "gpu.idle", "eval_share"),
+        },
+    }
+
+
 FUNCS = {"gpus": part_gpus, "gpu_tests": part_gpu_tests, "twins": part_twins, "overhead": part_overhead,
          "mfu": part_mfu, "nvml_cost": part_nvml_cost}
 
@@ -310,6 +373,15 @@ def summary(run: Run) -> str:
             extra = ", ".join(map(str, p.get("devices", [])))
         lines.append(f"  {name:<10} {mark} {extra}")
         if name == "twins":
+            t = (run.figures.get("readme") or {}).get("timeline") or {}
+            if t:
+                h, e = t.get("hidden_data_wait") or {}, t.get("exposed_data_wait") or {}
+                lines.append(f"    device clock: hidden wait GPU idle {h.get('gpu_idle_share')} (host data "
+                             f"{h.get('host_data_share')}); exposed GPU idle for data {e.get('gpu_idle_data_share')}; "
+                             f"copies pageable {t.get('pageable_copy_gb_per_s')} GB/s, pinned "
+                             f"{t.get('pinned_copy_gb_per_s')} GB/s; checkpoint idle {t.get('checkpoint_idle_share')}; "
+                             f"eval idle {t.get('eval_idle_share')}")
+        if name == "twins":
             for w, r in p.get("workloads", {}).items():
                 lines.append(f"    {w:<22} {'ok  ' if r.get('ok') else 'FAIL'} "
                              + ("; ".join(r.get("problems", [])) or r.get("why", ""))[:300])
@@ -332,11 +404,14 @@ def main(argv=None) -> int:
     if a.dry_run:
         print(f"gpu-check would run, within {a.budget:.0f} s, writing under {a.out}/:")
         for p in parts:
-            print(f"  {p:<10} {DESCRIBE[p]}")
+            cap = f" [at most {PART_BUDGET[p]} s]" if p in PART_BUDGET else " [the time left]"
+            print(f"  {p:<10} {DESCRIBE[p]}{cap}")
             if p == "twins":
                 for name, script, steps, env, expect in TWINS:
                     what = ", ".join([f"{c} fires" for c in expect.get("fire", [])] +
-                                     [f"{c} passes" for c in expect.get("pass", [])])
+                                     [f"{c} passes" for c in expect.get("pass", [])] +
+                                     [f"{c}.{k} {op} {ref}" for c, preds in expect.get("evidence", {}).items()
+                                      for k, op, ref in preds])
                     print(f"    {name:<22} tests/scripts/cuda/{script}{f' --steps {steps}' if steps else ''}: {what}")
         return 0
     out = Path(a.out)
@@ -362,6 +437,7 @@ def main(argv=None) -> int:
             FUNCS[p](run)
         except Exception as e:   # one part failing never stops the others
             run.part(p, False, why=f"{type(e).__name__}: {e}")
+    run.figures["readme"] = readme_figures(run.figures)
     run.save()
     text = summary(run)
     (out / "summary.txt").write_text(text + "\n")

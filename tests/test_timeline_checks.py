@@ -15,7 +15,7 @@ from diag.evidence import TimelineSection, load_evidence
 from diag.registry import _specs_in
 from diag.testing import EvidenceBuilder, run_check
 
-from test_timeline_logic import _train
+from test_timeline_logic import BWD, FWD, OPT, _train
 from timeline_support import run_loop
 
 BAD = ("warning", "error")
@@ -183,3 +183,135 @@ def test_gpu_idle_headline_by_cause():
     cpu = EvidenceBuilder().model().steps(5).build()
     (c,) = run_check(gpu_idle, cpu)
     assert _sev(c) == "skipped"
+
+
+# ---- every async case: no data stall the device shows hidden, the idle named by its cause ------------
+
+def _all_findings(ev):
+    findings = []
+    for name in ("dataloader", "tuning", "cost", "sync", "eval", "amp", "parallel", "run", "gpu", "memory", "timeline"):
+        mod = importlib.import_module(f"diag.checks.{name}")
+        for spec in _specs_in(mod, name):
+            findings += run_check(spec, ev)
+    return findings
+
+
+def _data_stalls(findings):
+    """Findings that say the training waits for data."""
+    return [f for f in findings if _sev(f) in BAD and (
+        f.id in ("dataloader.workers", "dataloader.main-thread-data")
+        or any(w in f.message for w in ("waited for data", "waits for data", "fix the data pipeline first",
+                                        "points of it waiting for data")))]
+
+
+def _item_run():        # fast loader, .item() and 20 ms of logging every step: idle after the sync
+    return run_loop(30, lambda s, i: _train(s, data_s=0.001, item=True, after=0.020)).evidence(
+        num_workers=4, sync_per_step=1)
+
+
+def _pageable_run():    # pageable copies of 8 ms a step, hidden data wait
+    return run_loop(30, lambda s, i: _train(s, data_s=0.010, h2d=0.008)).evidence(num_workers=4)
+
+
+def _eval_run():        # an evaluation pass over a slow loader every 5th step; training data hidden
+    def body(s, i):
+        _train(s, data_s=0.010)
+        if i % 5 == 4:
+            s.eval_pass(0.030, batches=6, wait_s=0.015, item=True)
+    return run_loop(30, body).evidence(num_workers=4)
+
+
+def _ckpt_run():        # torch.save every 5th step; training data hidden
+    def body(s, i):
+        _train(s, data_s=0.010)
+        if i % 5 == 4:
+            s.ckpt(0.200)
+    return run_loop(30, body).evidence(num_workers=4)
+
+
+@pytest.mark.parametrize("case,cause", [
+    ("hidden", None), ("item", "sync"), ("pageable", "h2d"), ("eval", "eval"), ("checkpoint", "checkpoint")])
+def test_no_data_stall_where_the_device_shows_none(case, cause):
+    ev = {"hidden": _hidden_run, "item": _item_run, "pageable": _pageable_run, "eval": _eval_run,
+          "checkpoint": _ckpt_run}[case]()
+    findings = _all_findings(ev)
+    assert not _data_stalls(findings), [f.message for f in _data_stalls(findings)]
+    ids = {f.id for f in findings}
+    assert {"dataloader.workers", "compile.unused", "gpu.idle"} <= ids
+    (dw,) = [f for f in findings if f.id == "dataloader.workers"]
+    assert dw.evidence["clock"] == "device" and dw.evidence["gpu_idle_data_share"] < 0.05
+    (idle,) = [f for f in findings if f.id == "gpu.idle"]
+    causes = idle.evidence["idle_causes"]
+    if cause is None:
+        assert _sev(idle) == "pass"
+    else:
+        assert max(causes, key=causes.get) == cause, causes
+        assert causes["data"] < 0.05
+
+
+def test_exposed_data_wait_is_the_one_stall_reported():
+    findings = _all_findings(_exposed_run())
+    stalls = _data_stalls(findings)
+    assert {f.id for f in stalls} >= {"dataloader.workers", "gpu.idle"}
+
+
+def test_eval_loader_waits_are_not_training_data_waits():
+    ev = _eval_run()
+    (f,) = run_check(dataloader_workers, ev)
+    # only the training fetch right after each pass is exposed (the pass's .item() drained the queue):
+    # 10 ms in 5 steps; the pass's own 90 ms of fetches are evaluation's
+    assert _sev(f) not in BAD and f.evidence["gpu_idle_data_share"] < 0.04
+    from diag.checks.timeline import gpu_idle
+
+    (g,) = run_check(gpu_idle, ev)
+    assert g.evidence["idle_causes"]["eval"] > 0.05 and g.evidence["eval_share"] > g.evidence["idle_causes"]["eval"]
+    assert "during evaluation" in g.message
+
+
+def test_checkpoint_idle_named_with_its_fix():
+    from diag.checks.timeline import gpu_idle
+
+    (g,) = run_check(gpu_idle, _ckpt_run())
+    assert _sev(g) in ("info", "warning") and g.message.rstrip(".").split(" (device clock")[0].endswith("checkpointing")
+    assert "save less often" in g.fix
+    assert g.evidence["idle_causes"]["host"] < 0.01
+
+
+def test_pin_memory_is_sized_by_the_device_clock():
+    from diag.checks.dataloader import dataloader_pin_memory
+
+    ev = _pageable_run()
+    ev.primary.extras["copies"] = {"h2d_copies": 20, "h2d_bytes": 20 << 20, "non_blocking_pageable": 20,
+                                   "non_blocking_pinned": 0, "blocking": 0, "steps": 20, "sites": [],
+                                   "watched": True}
+    (f,) = run_check(dataloader_pin_memory, ev)
+    assert _sev(f) == "warning" and f.evidence["clock"] == "device"
+    share = 0.008 / (0.008 + FWD + BWD + OPT)
+    assert f.evidence["gpu_idle_pageable_copy_share"] == pytest.approx(share, abs=0.02)
+    assert f.evidence["copies_device"]["pageable"]["bytes_per_step"] == 1 << 20
+    assert "on the device clock the GPU sat idle" in f.message and "pageable copies" in f.message
+    # the same copies, 0.5 ms a step: below the warning share on the device, an info
+    small = run_loop(30, lambda s, i: _train(s, data_s=0.010, h2d=0.0005)).evidence(num_workers=4)
+    small.primary.extras["copies"] = ev.primary.extras["copies"]
+    (g,) = run_check(dataloader_pin_memory, small)
+    assert _sev(g) == "info" and g.evidence["clock"] == "device"
+    # without the timeline: the estimate from bytes on the host clock, as before
+    (h,) = run_check(dataloader_pin_memory, _host_only(ev))
+    assert h.evidence["clock"] == "host" and "estimated" in h.message
+
+
+def test_pinned_copies_pass_with_their_device_cost():
+    from diag.checks.dataloader import dataloader_pin_memory
+
+    sim = run_loop(30, lambda s, i: (s.data(0.010), s.h2d(0.002, pageable=False), s.forward(FWD),
+                                     s.backward(BWD), s.optimizer(OPT)))
+    ev = (EvidenceBuilder().cuda_training(device="NVIDIA H200").dataloader(num_workers=4, pin_memory=True,
+                                                                        role="train", batches=30).build())
+    src = sim.evidence(num_workers=4)
+    ev.ranks[0].steps, ev.ranks[0].timeline = src.primary.steps, src.primary.timeline
+    ev.primary.extras["copies"] = {"h2d_copies": 20, "h2d_bytes": 20 << 20, "non_blocking_pageable": 0,
+                                   "non_blocking_pinned": 20, "blocking": 0, "steps": 20, "sites": [],
+                                   "watched": True}
+    (f,) = run_check(dataloader_pin_memory, ev)
+    assert _sev(f) == "pass" and "pinned copies take" in f.message
+    assert f.evidence["gpu_idle_pinned_copy_share"] > 0.02 and f.evidence["gpu_idle_pageable_copy_share"] == 0.0

@@ -96,3 +96,56 @@ def test_twin_runner_plumbing_on_cpu(tmp_path):
     assert res["ok"] is False
     assert any("clock='host'" in p for p in res["problems"]), res["problems"]
     assert json.loads((tmp_path / "figures.json").read_text())["parts"]["twins"]["ok"] is False
+
+
+def test_new_cases_have_twins_with_device_expectations():
+    mod = _gpu_check()
+    twins = {t[0]: t for t in mod.TWINS}
+    assert twins["pinned_copies"][4]["pass"] == ["dataloader.pin-memory"]
+    assert ("clock", "==", "device") in twins["pageable_copies"][4]["evidence"]["dataloader.pin-memory"]
+    assert any(k == "idle_causes.checkpoint" for k, *_ in twins["checkpoint_save"][4]["evidence"]["gpu.idle"])
+    assert any(k == "idle_causes.eval" for k, *_ in twins["eval_pass"][4]["evidence"]["gpu.idle"])
+    assert mod._get({"a": {"b": {"c": 2}}}, "a.b.c") == 2 and mod._get({"a": 1}, "a.b") is None
+
+
+def test_readme_figures_collect_what_the_readme_quotes():
+    mod = _gpu_check()
+    figures = {"started": "2026-12-03 10:00:00 UTC", "device": "NVIDIA H200", "torch": "2.13.0", "parts": {
+        "overhead": {"ok": True, "overhead_pct": 0.4, "step_ms_plain": 3.1},
+        "mfu": {"ok": True, "mfu": 0.61, "mfu_busy": 0.7, "achieved_tflops": 603.0, "peak_tflops": 989.0,
+                "raw_bf16_matmul": {"tflops": 790.0}},
+        "gpu_tests": {"ok": False, "memory_estimate": [{"model": "mlp", "error_pct": 4.2}]},
+        "twins": {"ok": False, "workloads": {
+            "hidden_data_wait": {"ok": True, "findings": {"dataloader.workers": {"evidence": {
+                "gpu_idle_share": 0.01, "gpu_idle_data_share": 0.0, "host_data_share": 0.6}}}},
+            "pinned_copies": {"ok": True, "findings": {"dataloader.pin-memory": {"evidence": {
+                "copies_device": {"pinned": {"gb_per_s": 24.5}}, "gpu_idle_pinned_copy_share": 0.03}}}},
+            "checkpoint_save": {"ok": False, "findings": {"gpu.idle": {"evidence": {
+                "idle_causes": {"checkpoint": 0.2}}}}}}}}}
+    r = mod.readme_figures(figures)
+    assert r["gpu"] == "NVIDIA H200" and r["probe_overhead_pct"] == 0.4 and r["raw_bf16_matmul_tflops"] == 790.0
+    assert r["memory_estimate_error_pct"] == {"mlp": 4.2}
+    assert r["twins_ok"] == "2/3" and r["twins_failed"] == ["checkpoint_save"]
+    assert r["parts_failed"] == ["gpu_tests", "twins"]
+    t = r["timeline"]
+    assert t["hidden_data_wait"]["host_data_share"] == 0.6 and t["pinned_copy_gb_per_s"] == 24.5
+    assert t["checkpoint_idle_share"] == 0.2 and t["pageable_copy_gb_per_s"] is None
+
+    class R:
+        pass
+
+    run = R()
+    run.figures = dict(figures, elapsed_s=300.0, readme=r)
+    assert "pinned 24.5 GB/s" in mod.summary(run)
+
+
+def test_the_whole_run_is_time_boxed_under_eight_minutes():
+    text = SCRIPT.read_text()
+    total = int(re.search(r'GPU_CHECK_TOTAL_S:-(\d+)', text).group(1))
+    assert total + 5 < 480                                  # the kill margin included
+    assert '--budget "$((left - 15))"' in text and 'timeout -k 5 "$left"' in text
+    mod = _gpu_check()
+    # every part has a cap (gpu_tests: what is left), and the dry run shows them
+    assert set(mod.PART_BUDGET) == set(mod.PARTS) - {"gpu_tests"}
+    # the twins' cap holds at least the typical run of every twin (~15 s each on an H200)
+    assert mod.PART_BUDGET["twins"] >= 15 * len(mod.TWINS)

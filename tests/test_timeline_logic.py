@@ -97,8 +97,119 @@ def test_eval_between_steps_is_busy_eval_not_idle():
         assert st["phases"]["eval"] == pytest.approx(0.050, abs=0.003)
         assert st["idle"].get("between", 0.0) == 0.0
     s = summarize(sim.evidence().primary)
-    assert s.causes["eval"] > 0.05
+    assert s.eval_share > 0.05
+    assert s.causes["eval"] < 0.01         # the pass kept the GPU busy: evaluation, not idle
     assert "evaluation" in s.headline()
+
+
+def test_idle_during_an_eval_pass_is_attributed_to_evaluation():
+    # every 5th step an evaluation pass over a loader: 6 batches, each a 15 ms host fetch, a 5 ms
+    # forward and an .item(): the GPU idles in the fetches, and that idle is evaluation's, not the
+    # training data wait's nor Python's between steps
+    def body(s, i):
+        _train(s, data_s=0.002, item=True)
+        if i % 5 == 4:
+            s.eval_pass(0.030, batches=6, wait_s=0.015, item=True)
+    sim = run_loop(30, body)
+    r = sim.evidence().primary
+    s = summarize(r)
+    after = [st for st in _steps(sim) if st["index"] % 5 == 1 and st["index"] > 1]
+    assert after
+    for st in after:
+        assert st["idle"]["eval"] == pytest.approx(6 * 0.015 + 0.001 + 0.001 * 6, abs=0.006)
+        assert st["phases"]["eval"] > st["idle"]["eval"] + 0.025      # its forwards: busy evaluation
+        assert st["idle"].get("data", 0.0) == pytest.approx(0.002, abs=1e-4)   # the training batch only
+    plain = summarize(run_loop(30, lambda s, i: _train(s, data_s=0.002, item=True)).evidence().primary)
+    assert s.causes["data"] == pytest.approx(plain.causes["data"], rel=0.25)
+    assert s.causes["host"] == pytest.approx(plain.causes["host"], abs=0.01)
+    assert s.causes["eval"] > 0.10 and s.eval_share > s.causes["eval"]
+    assert "during evaluation" in s.headline()
+    # no data stall from the evaluation loader: the training data share stays the training batch's
+    dw = data_wait(r)
+    assert dw.share < 0.05
+
+
+def test_checkpoint_between_steps_is_attributed_to_checkpointing():
+    # no per-step sync (hidden Python), but torch.save every 5th step: its D2H copies drain the
+    # queue, and the serialisation after leaves the GPU idle
+    def body(s, i):
+        _train(s, data_s=0.002)
+        if i % 5 == 4:
+            s.ckpt(0.200)
+    sim = run_loop(30, body)
+    s = summarize(sim.evidence().primary)
+    ck = [st for st in _steps(sim) if "ckpt" in st["idle"]]
+    assert len(ck) == 5                    # the steps after each save (the last save has no next step)
+    for st in ck:
+        assert st["idle"]["ckpt"] == pytest.approx(0.200, abs=0.002)
+        assert st["idle"].get("between", 0.0) < 0.002
+    assert s.causes["checkpoint"] > 0.15
+    assert s.causes["host"] < 0.01 and s.causes["sync"] == 0.0
+    assert s.headline().endswith("checkpointing")
+
+
+def test_checkpoint_without_a_cuda_model_is_not_marked():
+    sim = LoopSim()
+    sim.ext._on = False
+    n = sim.clock.recorded
+    sim.ckpt(0.01)
+    assert sim.clock.recorded == n and sim.ext._ckpt_depth == 0
+    sim.ext._on = True
+    tok = sim.ext._ckpt_start()
+    inner = sim.ext._ckpt_start()           # safetensors' save_model calling save_file: one interval
+    assert tok is True and inner is False
+    sim.ext._ckpt_end(inner)
+    sim.ext._ckpt_end(tok)
+    assert sim.ext._ckpt_depth == 0 and sim.clock.recorded == n + 2
+    sim.finish()
+
+
+def test_pageable_and_pinned_copies_are_told_apart():
+    mb = 1 << 20
+    pageable = run_loop(20, lambda s, i: _train(s, data_s=0.001, h2d=0.008))
+    pinned = run_loop(20, lambda s, i: (s.data(0.001), s.h2d(0.002, pageable=False, nbytes=16 * mb),
+                                         s.forward(FWD), s.backward(BWD), s.optimizer(OPT)))
+    a = summarize(pageable.evidence().primary)
+    b = summarize(pinned.evidence().primary)
+    assert a.causes["h2d"] > 0.08 and a.causes["h2d_pinned"] == 0.0
+    assert b.causes["h2d"] == 0.0
+    # a pinned copy on the training stream: the stream copies instead of computing (2 ms a step)
+    assert b.causes["h2d_pinned"] == pytest.approx(0.002 / (0.002 + FWD + BWD + OPT), abs=0.01)
+    assert b.copies.pinned_n == b.copies.steps and b.copies.pinned_bytes == 16 * mb * b.copies.steps
+    d = b.copies.as_dict()
+    assert d["pinned"]["bytes_per_step"] == 16 * mb and d["pinned"]["gb_per_s"] == pytest.approx(16 * mb / 0.002 / 1e9,
+                                                                                                  rel=0.02)
+    assert d["pageable"]["copies_per_step"] == 0
+    st = _steps(pinned)[-1]
+    assert st["copies"] == {"watched": True, "pageable_n": 0, "pageable_bytes": 0, "pinned_n": 1,
+                            "pinned_bytes": 16 * mb}
+    assert b.headline().endswith("in host-to-device copies from pinned memory")
+
+
+def test_copies_are_measured_over_the_copy_window_only():
+    # the perf extension watches copies in a window of steps: outside it no copy is marked, and its
+    # time falls in the forward interval; the copy shares come from the window's steps
+    sim = LoopSim(watch=False)
+    for i in range(30):
+        sim.watch["on"] = 5 <= i < 15
+        sim.data(0.001)
+        if sim.watch["on"]:
+            sim.h2d(0.008)
+        else:                           # the same copy, unseen
+            sim.clock.sync()
+            sim.clock.launch(0.008)
+            sim.clock.sync()
+        sim.forward(FWD)
+        sim.backward(BWD)
+        sim.optimizer(OPT)
+    sim.finish()
+    s = summarize(sim.evidence().primary)
+    watched = [st for st in _steps(sim) if "copies" in st]
+    assert 8 <= len(watched) <= 10 and s.copies.steps == len(watched)
+    assert s.causes["h2d"] == pytest.approx(0.008 / (0.001 + 0.008 + FWD + BWD + OPT), abs=0.02)
+    state = [e["value"] for e in sim.timeline_events() if e["path"] == "timeline"][-1]
+    assert state["copies"]["steps"] == len(watched) and state["copies"]["pageable"]["n"] == len(watched)
+    assert "window" in state["copies"]["window"]
 
 
 def test_steps_resolve_lazily_when_their_events_complete():
@@ -250,4 +361,98 @@ def test_copies_from_another_thread_are_not_marked():
     assert sim.clock.recorded == before
     sim.ext._on_copy("start")
     assert sim.clock.recorded == before + 1
+    sim.finish()
+
+
+def test_checkpoint_in_a_forward_first_loop():
+    # no DataLoader (batches already on the GPU): the step's first mark comes after its forward was
+    # queued; the save before it is idle, the forward after it is not
+    def body(s, i):
+        s.forward(FWD)
+        s.backward(BWD)
+        s.optimizer(OPT)
+        if i % 5 == 4:
+            s.ckpt(0.100)
+    sim = run_loop(30, body)
+    s = summarize(sim.evidence().primary)
+    for st in _steps(sim):
+        if "ckpt" in st["idle"]:
+            assert st["idle"]["ckpt"] == pytest.approx(0.100, abs=0.002)
+            assert st["idle"].get("between", 0.0) < 0.002
+            assert st["busy_s"] == pytest.approx(FWD + BWD + OPT, abs=0.003)
+    assert s.causes["checkpoint"] > 0.15 and s.causes["host"] < 0.01
+
+
+def test_eval_loader_pass_in_a_forward_first_loop():
+    # batches already on the GPU (no training loader), an evaluation pass over a loader every 5th
+    # step: its fetches are evaluation's idle; the training forward after its StopIteration is busy
+    def body(s, i):
+        s.forward(FWD)
+        s.backward(BWD)
+        s.optimizer(OPT)
+        if i % 5 == 4:
+            s.eval_pass(0.020, batches=4, wait_s=0.010, item=True)
+    sim = run_loop(30, body)
+    after = [st for st in _steps(sim) if "eval" in st["phases"]]
+    assert len(after) == 5
+    for st in after:
+        # the first fetch is hidden behind the step's kernels; the 3 after an .item() are exposed
+        assert st["idle"]["eval"] == pytest.approx(3 * 0.010, abs=0.002)
+        assert st["busy_s"] >= FWD + BWD + OPT + 0.020 - 0.003        # training kernels and the pass's
+        assert "data" not in st["idle"]
+    s = summarize(sim.evidence().primary)
+    assert s.causes["data"] == 0.0 and s.causes["eval"] > 0.05
+
+
+class _FakeCuda:
+    """The slice of torch.cuda CudaClock uses: events, the current stream, graph capture."""
+
+    class Event:
+        made = 0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            _FakeCuda.Event.made += 1
+            self.recorded = 0
+
+        def record(self):
+            self.recorded += 1
+
+    def __init__(self):
+        self.stream = "default"
+        self.capturing = False
+
+    def current_stream(self):
+        return self.stream
+
+    def is_current_stream_capturing(self):
+        return self.capturing
+
+
+def test_cuda_clock_knows_the_training_stream_and_skips_side_stream_copies():
+    from types import SimpleNamespace
+
+    from diag.probe.timeline import CudaClock
+
+    cuda = _FakeCuda()
+    clock = CudaClock(SimpleNamespace(cuda=cuda))
+    assert clock.same_stream()                 # nothing recorded yet
+    e = clock.record()
+    assert e.recorded == 1 and clock.same_stream()
+    cuda.stream = "prefetcher"
+    assert not clock.same_stream()
+    cuda.capturing = True
+    assert clock.record() is None               # no event inside a CUDA graph capture
+    cuda.capturing = False
+    clock.release(e)
+    made = _FakeCuda.Event.made
+    assert clock.record() is e and _FakeCuda.Event.made == made     # reused from the pool
+
+    # the probe: a copy made while a side stream is current is neither marked nor counted
+    sim = LoopSim()
+    sim.clock.same_stream = lambda: False
+    n = sim.clock.recorded
+    sim.ext._on_copy("start", None)
+    sim.ext._on_copy("end", None)
+    assert sim.clock.recorded == n and (sim.ext.rec.current is None or sim.ext.rec.current.copies is None)
     sim.finish()

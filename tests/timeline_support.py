@@ -23,6 +23,22 @@ class _Event:
         self.t = t
 
 
+class Src:
+    """A CPU tensor as the copy listener sees it (pinned or not, its size)."""
+
+    def __init__(self, pinned: bool, nbytes: int):
+        self.pinned, self.nbytes = pinned, nbytes
+
+    def is_pinned(self) -> bool:
+        return self.pinned
+
+    def numel(self) -> int:
+        return self.nbytes // 4
+
+    def element_size(self) -> int:
+        return 4
+
+
 class ScriptedClock:
     """Host time and one stream, in seconds (events report milliseconds, as CUDA's do)."""
 
@@ -72,6 +88,8 @@ class _Ctx:
         self.clock = clock
         self.events: list[dict] = []
         self.forward_start = 0.0
+        self._eval_passes = 0        # the step model's evaluation passes (diag.probe.steps), as the probe has them
+        self._last_boundary = None
         self.disabled = []
         self.errors = []
 
@@ -93,11 +111,12 @@ class LoopSim:
     """One training loop: ``data`` / ``h2d`` / ``forward`` / ``backward`` / ``optimizer`` / ``item`` /
     ``python`` / ``eval_pass``, in the order the script does them."""
 
-    def __init__(self, clock: ScriptedClock | None = None, ring: int | None = None):
+    def __init__(self, clock: ScriptedClock | None = None, ring: int | None = None, watch: bool = True):
         self.clock = clock or ScriptedClock()
         self.ext = TimelineProbe(clock=self.clock)
         self.ctx = _Ctx(self.clock)
         self.ext.install(self.ctx)
+        self.ext.copy_watch = self.watch = {"on": watch}   # the perf extension's copy window
         if ring is not None:
             self.ext.rec.ring_size = ring
         self.ext.on_model(self.ctx, None, {"devices": ["cuda:0"]})
@@ -106,33 +125,55 @@ class LoopSim:
         self.step_start = self.clock.host
         self.data_s = 0.0
         self.step_events: list[dict] = []
+        self.in_eval = False        # an evaluation pass ran since the last step (the step model's view)
+        self.fetch_t = None
 
-    def _open(self):
+    def _open(self, t: float | None = None):
         if not self.open:
+            if self.in_eval:
+                # the step model ends the pass where the training began (the fetch, or the forward)
+                self.in_eval = False
+                self.ctx._eval_passes += 1
+                self.ctx._last_boundary = t if t is not None else self.clock.host
             self.open = True
             self.index += 1
             self.ext.on_step_start(self.ctx, self.index)
 
     def data(self, wait_s: float) -> None:
         c = self.clock
+        t = c.host
         self.ext.on_data(self.ctx, "start")
         c.cpu(wait_s)
         self.data_s += wait_s
         self.ext.on_data(self.ctx, "end")
-        self._open()
+        self._open(t)
 
-    def h2d(self, copy_s: float, pageable: bool = True) -> None:
-        self.ext._on_copy("start")
-        self.clock.launch(copy_s)
-        if pageable:            # a pageable non_blocking copy is synchronous in fact
+    def h2d(self, copy_s: float, pageable: bool = True, nbytes: int = 1 << 20) -> None:
+        src = Src(pinned=not pageable, nbytes=nbytes)
+        self.ext._on_copy("start", src)
+        if pageable:
+            # from pageable memory CUDA first waits for the stream, stages the data, then copies;
+            # the host waits for the copy (a non_blocking copy from pageable memory is synchronous)
             self.clock.sync()
-        self.ext._on_copy("end")
+            self.clock.launch(copy_s)
+            self.clock.sync()
+        else:                   # pinned, non_blocking: queued on the stream, the host goes on
+            self.clock.launch(copy_s)
+        self.ext._on_copy("end", src)
+
+    def ckpt(self, host_s: float) -> None:
+        """torch.save of the model: the D2H copies of the state sync, then the host serialises."""
+        token = self.ext._ckpt_start()
+        self.clock.sync()
+        self.clock.cpu(host_s)
+        if token is not None:
+            self.ext._ckpt_end(token)
 
     def forward(self, gpu_s: float, host_s: float = 0.0005) -> None:
-        self.ctx.forward_start = self.clock.host
+        t = self.ctx.forward_start = self.clock.host
         self.clock.cpu(host_s)
         self.clock.launch(gpu_s)
-        self._open()
+        self._open(t)
         self.ext.on_forward(self.ctx, None, (), {}, None, True)
 
     def backward(self, gpu_s: float, host_s: float = 0.0005) -> None:
@@ -161,10 +202,28 @@ class LoopSim:
     def python(self, s: float) -> None:
         self.clock.cpu(s)
 
-    def eval_pass(self, gpu_s: float, host_s: float = 0.001) -> None:
-        self.ctx.forward_start = self.clock.host
+    def eval_pass(self, gpu_s: float, host_s: float = 0.001, batches: int = 0, wait_s: float = 0.0,
+                  item: bool = False) -> None:
+        """An evaluation pass between two steps: without a loader (``batches=0``) one forward of
+        ``gpu_s``; with one, ``batches`` fetches of ``wait_s`` each followed by a forward of
+        ``gpu_s / batches`` (and ``.item()`` after each when ``item``)."""
+        self.in_eval = True
+        if not batches:
+            self.ctx.forward_start = self.clock.host
+            self.clock.cpu(host_s)
+            self.clock.launch(gpu_s)
+            return
+        for _ in range(batches):
+            self.ext.on_data(self.ctx, "start")
+            self.clock.cpu(wait_s)
+            self.ext.on_data(self.ctx, "end")
+            self.ctx.forward_start = self.clock.host
+            self.clock.cpu(host_s)
+            self.clock.launch(gpu_s / batches)
+            if item:
+                self.clock.sync()
+        self.ext.on_data(self.ctx, "start")     # the loader's StopIteration
         self.clock.cpu(host_s)
-        self.clock.launch(gpu_s)
 
     def finish(self) -> None:
         self.clock.sync()

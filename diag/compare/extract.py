@@ -101,7 +101,8 @@ def _device_steps(rank) -> dict[str, Any] | None:
         idle = r.get("idle") if isinstance(r.get("idle"), dict) else {}
         phases = r.get("phases") if isinstance(r.get("phases"), dict) else {}
         row = {"total_s": num(r["device_s"]), "busy_s": num(r.get("busy_s")), "idle_s": num(r.get("idle_s")),
-               "idle_data_s": num(idle.get("data")), "idle_h2d_s": num(idle.get("h2d")),
+               "idle_data_s": num(idle.get("data")),
+               "idle_h2d_s": num(idle.get("h2d")) + num(idle.get("h2d_pinned")),   # pageable and pinned copies
                "idle_sync_s": 0.0, "idle_host_s": 0.0, "eval_s": num(phases.get("eval"))}
         row[between] = num(idle.get("between"))
         cols["index"].append(r["index"])

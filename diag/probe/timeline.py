@@ -15,14 +15,21 @@ which the host queues work (forward, backward, optimizer) count as busy: idle ga
 inside a phase (launch-bound code) are not separated (documented in docs/timeline.md).
 
 Boundaries (labels of the marks): ``data_start`` / ``data_end`` around each DataLoader ``__next__``
-(the probe's ``on_data`` hook), ``h2d_start`` / ``h2d_end`` around host-to-device ``.to()`` /
-``.cuda()`` copies while the perf extension watches copies (:data:`diag.probe.perf.sync.COPY_LISTENERS`),
+(the probe's ``on_data`` hook), ``h2d_start`` (pageable source) or ``h2d_pinned_start`` (pinned
+source) / ``h2d_end`` around host-to-device copies (``.to()``, ``.cuda()``, ``copy_`` into a CUDA
+tensor) while the perf extension watches copies (its window of ``SYNC_STEPS`` steps:
+:data:`diag.probe.perf.sync.COPY_LISTENERS`), ``ckpt_start`` / ``ckpt_end`` around ``torch.save`` (and
+safetensors' ``save_file`` / ``save_model`` when installed; only timed, never altered),
 ``forward_end`` (``on_forward``), ``optimizer_start`` (an optimizer pre-hook of this extension's own),
 ``step_start`` (``on_step_start``) and ``step_end`` (``on_step_end``). The interval after a mark is
-named by the mark: see :data:`INTERVAL_AFTER`.
+named by the mark: see :data:`INTERVAL_AFTER`. Intervals before a step's training began that fall in
+an evaluation pass of the step model (``diag.probe.steps``: the pass ends where the next training
+step's fetch begins) are ``eval``: busy or idle, the idle part attributed to evaluation.
 
 Cost: one ``Event(enable_timing=True)`` + ``record()`` per mark (a few µs; about 6 to 10 marks per
 step), one ``query()`` per pending step per step end, ``elapsed_time`` only for completed steps.
+Copies are marked only inside the copy window (20 steps; two marks, one ``is_pinned()`` and a stream
+comparison per copy; the step records of that window carry ``copies``); a save costs two marks.
 Off with ``DIAG_TIMELINE=0`` (or ``DIAG_PROBE_DISABLE=timelineprobe``); never installed on a machine
 without CUDA.
 
@@ -31,6 +38,7 @@ The logic (:class:`TimelineRecorder`) is written against a small clock interface
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -42,6 +50,8 @@ KEEP_STEPS = 500        # resolved steps written to the evidence (the newest; to
 FLUSH_EVERY = 20        # totals are written every this many resolved steps (and at exit)
 MAX_MARKS = 64          # marks kept per step (a step with more, e.g. a huge accumulation, is truncated)
 EXIT_WAIT_S = 5.0       # at the end of the run: at most this long (polling, no synchronize) for pending steps
+# copies are timed only inside the perf extension's copy watch (a sampling window: its SYNC_STEPS steps)
+COPY_WINDOW = "copies timed only inside the copy-watch window (20 steps after the first; not under torch.compile)"
 
 # What the host is doing after a mark, until the next one. "idle" intervals queue no GPU work, so
 # the device time between their two events is GPU idle time.
@@ -49,13 +59,22 @@ INTERVAL_AFTER = {
     "step_start": "forward",        # the step opened: batch building, H2D, the forward
     "data_start": "data",           # waiting in DataLoader.__next__
     "data_end": "forward",          # batch building, .to(device), the forward
-    "h2d_start": "h2d",             # a host-to-device copy
+    "h2d_start": "h2d",             # a host-to-device copy from pageable memory
+    "h2d_pinned_start": "h2d_pinned",   # a host-to-device copy from pinned memory
     "h2d_end": None,                # back to what was going on before the copy
+    "ckpt_start": "ckpt",           # torch.save / safetensors save: checkpointing
+    "ckpt_end": None,               # back to what was going on before the save
     "forward_end": "backward",      # the loss and the backward pass (and anything until the optimizer)
     "optimizer_start": "optimizer",
     "step_end": "between",          # after the step: logging, .item(), evaluation, checkpointing
 }
-IDLE_INTERVALS = ("data", "h2d", "between")
+NESTED = {"h2d_start", "h2d_pinned_start", "ckpt_start"}     # intervals that return to the one around them
+NESTED_END = {"h2d_end", "ckpt_end"}
+# marks recorded after the step's first forward was queued: a step whose first mark is one of these
+# (a forward-first loop) has the forward, not idle time, between the previous step and that mark
+AFTER_FORWARD = {"step_start", "forward_end", "optimizer_start", "step_end"}
+IDLE_INTERVALS = ("data", "h2d", "h2d_pinned", "between", "ckpt", "eval")
+COPY_KINDS = ("pageable", "pinned")
 
 
 class Clock(Protocol):
@@ -84,14 +103,22 @@ class CudaClock:
     def __init__(self, torch):
         self._Event = torch.cuda.Event
         self._capturing = torch.cuda.is_current_stream_capturing
+        self._current = torch.cuda.current_stream
+        self._stream = None         # the stream of the first mark: the training stream
         self._free: list = []
 
     def record(self):
         if self._capturing():
             return None     # inside a CUDA graph capture an event would become part of the graph
+        if self._stream is None:
+            self._stream = self._current()
         e = self._free.pop() if self._free else self._Event(enable_timing=True)
         e.record()
         return e
+
+    def same_stream(self) -> bool:
+        """Is the current stream the training stream? (asked per copy, inside the copy window only)"""
+        return self._stream is None or self._current() == self._stream
 
     def release(self, handle) -> None:
         if len(self._free) < self.POOL:
@@ -105,14 +132,17 @@ class CudaClock:
 
 
 class _PendingStep:
-    __slots__ = ("index", "marks", "prev_end", "host", "eval_between")
+    __slots__ = ("index", "marks", "prev_end", "host", "gap_forward", "eval_until", "copies", "watched")
 
     def __init__(self, index: int, prev_end):
         self.index = index
         self.marks: list = []           # (label, handle, host perf_counter)
         self.prev_end = prev_end        # (handle, host time) of the previous step's last mark, or None
         self.host: dict = {}            # host-side figures of the step (total_s, data_s, ...)
-        self.eval_between = False
+        self.gap_forward = False        # a forward ran between the previous step and this step's first mark
+        self.eval_until = None          # host time an evaluation pass before this step ended (None: no pass)
+        self.copies = None              # [pageable n, bytes, pinned n, bytes] of the copies marked
+        self.watched = False            # every host-to-device copy of the step was seen (the copy window)
 
 
 class TimelineRecorder:
@@ -124,8 +154,9 @@ class TimelineRecorder:
     step whose last event has completed (events complete in stream order) and returns the records.
     """
 
-    def __init__(self, clock: Clock, ring: int = RING, now=time.perf_counter):
+    def __init__(self, clock: Clock, ring: int = RING, now=time.perf_counter, opened=None):
         self.clock = clock
+        self.opened = opened        # called with each new pending step (the probe notes what ran before it)
         self.now = now
         self.ring: deque = deque()
         self.ring_size = ring
@@ -136,35 +167,60 @@ class TimelineRecorder:
         self.truncated = 0          # steps with more than MAX_MARKS marks
         self.totals = {"steps": 0, "device_s": 0.0, "busy_s": 0.0, "idle_s": 0.0,
                        "idle": {k: 0.0 for k in IDLE_INTERVALS}, "phases": {}}
+        # copies over the steps whose copies were all watched: steps, device s, n, bytes per kind
+        self.copy_totals = {"steps": 0, "device_s": 0.0,
+                            **{k: {"n": 0, "bytes": 0, "s": 0.0} for k in COPY_KINDS}}
 
     # ---- recording (hot path) ----------------------------------------------------------------------
-    def mark(self, label: str) -> None:
+    def pending(self) -> _PendingStep:
         cur = self.current
         if cur is None:
             cur = self.current = _PendingStep(0, self._prev_end)
+            if self.opened is not None:
+                self.opened(cur)
+        return cur
+
+    def mark(self, label: str) -> bool:
+        cur = self.current
+        if cur is None:
+            cur = self.pending()
         if len(cur.marks) >= MAX_MARKS:
             if label != "step_end":
-                return
+                return False
             self.truncated += 1
             cur.marks.pop()
         h = self.clock.record()
         if h is not None:
             cur.marks.append((label, h, self.now()))
+            return True
+        return False
 
-    def begin_step(self, index: int) -> None:
-        cur = self.current
-        if cur is None:
-            cur = self.current = _PendingStep(index, self._prev_end)
+    def copy(self, pinned: bool, nbytes: int) -> None:
+        """One host-to-device copy of ``nbytes`` (from pinned memory or not) in the step in progress."""
+        cur = self.pending()
+        c = cur.copies
+        if c is None:
+            c = cur.copies = [0, 0, 0, 0]
+        i = 2 if pinned else 0
+        c[i] += 1
+        c[i + 1] += nbytes
+
+    def begin_step(self, index: int, eval_until: float | None = None) -> None:
+        cur = self.pending()
         cur.index = index
+        if eval_until is not None:
+            cur.eval_until = eval_until
         self.mark("step_start")
 
-    def end_step(self, index: int, host: dict | None = None) -> None:
+    def end_step(self, index: int, host: dict | None = None, watched: bool = False) -> None:
         self.mark("step_end")
         cur, self.current = self.current, None
         if not cur.marks:
             return          # no event could be recorded in this step (a CUDA graph replayed it all)
         cur.index = index or cur.index
         cur.host = host or {}
+        # a truncated step lost marks (a copy's end, maybe): its copies are not measured
+        cur.watched = watched and len(cur.marks) < MAX_MARKS
         last = cur.marks[-1]
         self._prev_end = (last[1], last[2])
         self.ring.append(cur)
@@ -202,32 +258,40 @@ class TimelineRecorder:
         phases: dict[str, float] = {}
         idle = {k: 0.0 for k in IDLE_INTERVALS}
         marks = st.marks
-        # the interval from the previous step's end to this step's first mark
-        gap_ms = 0.0
+        until = st.eval_until
+
+        def add(name: str, ms: float, start_t: float) -> None:
+            if until is not None and start_t < until and name != "ckpt":
+                # inside the evaluation pass before this step: evaluation's, busy or idle
+                phases["eval"] = phases.get("eval", 0.0) + ms
+                if name in idle:
+                    idle["eval"] += ms
+                return
+            phases[name] = phases.get(name, 0.0) + ms
+            if name in idle:
+                idle[name] += ms
+
+        # the interval from the previous step's end to this step's first mark: idle (the host queued
+        # nothing) unless a forward was queued in it (an evaluation forward, or a forward-first loop)
+        gap = "between"
         if st.prev_end is not None:
-            gap_ms = max(el(st.prev_end[0], marks[0][1]), 0.0)
-            if st.eval_between:
-                between = "eval"          # evaluation ran there: GPU busy, not training
-            elif marks[0][0] == "data_start":
-                between = "between"       # no GPU work queued before the fetch: idle
-            else:
-                between = "forward"       # forward-first loop: the mark came after the forward was queued
-            phases[between] = phases.get(between, 0.0) + gap_ms
-            if between in idle:
-                idle[between] += gap_ms
+            if st.gap_forward or marks[0][0] in AFTER_FORWARD:
+                gap = "forward"
+            add(gap, max(el(st.prev_end[0], marks[0][1]), 0.0), st.prev_end[1])
         stack: list[str] = []
-        cur = None
-        for (label, h, _t), (_nl, nh, _nt) in zip(marks, marks[1:]):
+        cur = gap if gap == "between" else None
+        for (label, h, t), (_nl, nh, _nt) in zip(marks, marks[1:]):
             nxt = INTERVAL_AFTER.get(label, "forward")
-            if label == "h2d_start":
+            if label in NESTED:
                 stack.append(cur or "forward")
-            elif label == "h2d_end":
+            elif label in NESTED_END:
                 nxt = stack.pop() if stack else (cur or "forward")
+            if (nxt == "between" or nxt == "data") and _nl in AFTER_FORWARD:
+                # a forward-first loop queued its forward before this mark (after the code between
+                # steps, or after a loader's StopIteration): not idle
+                nxt = "forward"
             cur = nxt
-            ms = max(el(h, nh), 0.0)
-            phases[cur] = phases.get(cur, 0.0) + ms
-            if cur in idle:
-                idle[cur] += ms
+            add(cur, max(el(h, nh), 0.0), t)
         device_ms = sum(phases.values())
         idle_ms = sum(idle.values())
         host_s = marks[-1][2] - (st.prev_end[1] if st.prev_end is not None else marks[0][2])
@@ -241,6 +305,10 @@ class TimelineRecorder:
             "phases": {k: round(v / 1e3, 7) for k, v in phases.items()},
             "marks": len(marks),
         }
+        if st.watched:
+            c = st.copies or [0, 0, 0, 0]
+            rec["copies"] = {"watched": True, "pageable_n": c[0], "pageable_bytes": c[1],
+                             "pinned_n": c[2], "pinned_bytes": c[3]}
         if st.host:
             rec["host"] = st.host
         return rec
@@ -257,15 +325,27 @@ class TimelineRecorder:
             ti[k] = ti.get(k, 0.0) + v
         for k, v in rec["phases"].items():
             tp[k] = tp.get(k, 0.0) + v
+        c = rec.get("copies")
+        if c:
+            ct = self.copy_totals
+            ct["steps"] += 1
+            ct["device_s"] += rec["device_s"]
+            for kind, phase in (("pageable", "h2d"), ("pinned", "h2d_pinned")):
+                ct[kind]["n"] += c[f"{kind}_n"]
+                ct[kind]["bytes"] += c[f"{kind}_bytes"]
+                ct[kind]["s"] += rec["phases"].get(phase, 0.0)
 
     def state(self) -> dict:
         t = self.totals
         totals = {"steps": t["steps"], "device_s": round(t["device_s"], 6), "busy_s": round(t["busy_s"], 6),
                   "idle_s": round(t["idle_s"], 6), "idle": {k: round(v, 6) for k, v in t["idle"].items()},
                   "phases": {k: round(v, 6) for k, v in t["phases"].items()}}
+        ct = self.copy_totals
+        copies = {"steps": ct["steps"], "device_s": round(ct["device_s"], 6), "window": COPY_WINDOW,
+                  **{k: {"n": ct[k]["n"], "bytes": ct[k]["bytes"], "s": round(ct[k]["s"], 6)} for k in COPY_KINDS}}
         return {"clock": "device", "resolved": self.resolved, "pending": len(self.ring),
                 "dropped": self.dropped, "truncated": self.truncated, "ring": self.ring_size,
-                "totals": totals}
+                "totals": totals, "copies": copies}
 
 
 def _r(x):
@@ -285,9 +365,16 @@ class TimelineProbe:
         self.rec: TimelineRecorder | None = None
         self._on = False            # a CUDA model was seen: marks are recorded
         self._handles: list = []
+        self._patches = None
         self._listener = None
         self._last_end_host = 0.0
         self._thread = None
+        self._ctx = None
+        self._copy_open = False     # the start of the copy in progress was marked
+        self._ckpt_depth = 0
+        self._evals_seen = 0        # evaluation passes of the step model already attributed
+        self.copy_watch: dict = {"on": False}   # the perf extension's copy-watch flag (replaced at install)
+        self._watch_prev = False
 
     def install(self, ctx) -> None:
         if not enabled_by_env():
@@ -304,13 +391,16 @@ class TimelineProbe:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
-        self.rec = TimelineRecorder(clock, now=getattr(clock, "now", time.perf_counter))
+        self.rec = TimelineRecorder(clock, now=getattr(clock, "now", time.perf_counter), opened=self._opened)
         self._thread = threading.get_ident()
         self._ctx = ctx
+        self._evals_seen = getattr(ctx, "_eval_passes", 0) or 0
         from diag.probe.perf import sync as perf_sync
 
+        self.copy_watch = perf_sync.COPY_WATCH
         self._listener = self._on_copy
         perf_sync.COPY_LISTENERS.append(self._listener)
+        self._patch_saves()
 
     def uninstall(self, ctx) -> None:
         from diag.probe.hooks import remove_hooks
@@ -320,9 +410,76 @@ class TimelineProbe:
         self._handles = []
         if self._listener in perf_sync.COPY_LISTENERS:
             perf_sync.COPY_LISTENERS.remove(self._listener)
+        if self._patches is not None:
+            self._patches.undo()
+            self._patches = None
         self._on = False
 
+    # ---- checkpointing: torch.save (and safetensors' save) marked, never altered ----------------------
+    def _patch_saves(self) -> None:
+        import importlib
+        import importlib.util
+
+        from diag.probe.hooks import Patches
+
+        self._patches = Patches()
+        targets = [("torch", "save")]
+        try:
+            if importlib.util.find_spec("safetensors") is not None:
+                targets += [("safetensors.torch", "save_file"), ("safetensors.torch", "save_model")]
+        except (ImportError, ValueError):
+            pass
+        for modname, name in targets:
+            try:
+                mod = importlib.import_module(modname)
+                orig = getattr(mod, name)
+            except Exception:
+                continue            # safetensors without its torch part, or an older one: not timed
+            self._patches.patch(mod, name, self._timed_save(orig))
+
+    def _timed_save(self, orig):
+        ext = self
+
+        def save(*args, **kwargs):
+            token = ext._ckpt_start()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                if token is not None:
+                    ext._ckpt_end(token)
+
+        functools.update_wrapper(save, orig)
+        return save
+
+    def _ckpt_start(self):
+        """None: not tracked (no CUDA model yet, another thread, a forked child); else whether the
+        start was marked (an inner save, safetensors' save_model calling save_file, is not)."""
+        rec = self.rec
+        if not self._on or rec is None or threading.get_ident() != self._thread or not self._ctx.is_live():
+            return None
+        self._ckpt_depth += 1
+        if self._ckpt_depth > 1:
+            return False
+        try:
+            return rec.mark("ckpt_start")
+        except Exception as e:          # never break the user's save
+            self._ctx.report_error("TimelineProbe.checkpoint", e)
+            return False
+
+    def _ckpt_end(self, marked: bool) -> None:
+        self._ckpt_depth = max(self._ckpt_depth - 1, 0)
+        if marked:
+            try:
+                self.rec.mark("ckpt_end")
+            except Exception as e:
+                self._ctx.report_error("TimelineProbe.checkpoint", e)
+
     # ---- hooks -------------------------------------------------------------------------------------
+    def _opened(self, st: _PendingStep) -> None:
+        """A new pending step (its first mark): did a forward start since the last step ended? (an
+        evaluation forward before its first mark: the gap is not idle)"""
+        st.gap_forward = getattr(self._ctx, "forward_start", 0.0) > self._last_end_host > 0
+
     def on_model(self, ctx, module, info) -> None:
         if not self._on and any(str(d).startswith("cuda") for d in (info.get("devices") or [])):
             self._on = True
@@ -332,16 +489,30 @@ class TimelineProbe:
         rec = self.rec
         if not self._on or rec is None or not ctx.is_live():
             return
-        if edge == "start" and rec.current is None and ctx.forward_start > self._last_end_host > 0:
-            # a top-level forward ran since the last step ended and opened no step: evaluation
-            rec.current = _PendingStep(0, rec._prev_end)
-            rec.current.eval_between = True
         rec.mark("data_start" if edge == "start" else "data_end")
 
-    def _on_copy(self, edge: str) -> None:
+    def _on_copy(self, edge: str, src=None) -> None:
         # only the training thread's copies (a prefetching thread's would interleave with its marks)
-        if self._on and self.rec is not None and threading.get_ident() == self._thread:
-            self.rec.mark("h2d_start" if edge == "start" else "h2d_end")
+        rec = self.rec
+        if not self._on or rec is None or threading.get_ident() != self._thread:
+            return
+        if edge != "start":
+            if self._copy_open:
+                self._copy_open = False
+                rec.mark("h2d_end")
+            return
+        same = getattr(rec.clock, "same_stream", None)
+        if same is not None and not same():
+            return      # a copy on a side stream (a prefetcher's): its events would not be in stream order
+        pinned, nbytes = False, 0
+        if src is not None:
+            try:
+                pinned = bool(src.is_pinned())
+                nbytes = src.numel() * src.element_size()
+            except Exception:
+                pass
+        self._copy_open = rec.mark("h2d_pinned_start" if pinned else "h2d_start")
+        rec.copy(pinned, nbytes)
 
     def _opt_pre(self, opt, args, kwargs):
         if self._on and self.rec is not None and self._ctx.is_live():
@@ -353,7 +524,13 @@ class TimelineProbe:
 
     def on_step_start(self, ctx, index: int) -> None:
         if self._on and self.rec is not None:
-            self.rec.begin_step(index)
+            until = None
+            n = getattr(ctx, "_eval_passes", None)
+            if n is not None and n != self._evals_seen:
+                # the step model ended an evaluation pass where this step's training began
+                self._evals_seen = n
+                until = getattr(ctx, "_last_boundary", None)
+            self.rec.begin_step(index, until)
 
     def on_forward(self, ctx, module, args, kwargs, output, training) -> None:
         if self._on and self.rec is not None:
@@ -363,7 +540,10 @@ class TimelineProbe:
         rec = self.rec
         if not self._on or rec is None:
             return
-        rec.end_step(step.get("index", 0), {"total_s": _r(step.get("total_s")), "data_s": _r(step.get("data_s"))})
+        w = self.copy_watch["on"]
+        rec.end_step(step.get("index", 0), {"total_s": _r(step.get("total_s")), "data_s": _r(step.get("data_s"))},
+                     watched=w and self._watch_prev)
+        self._watch_prev = w
         self._last_end_host = rec.now()
         self._write(ctx, rec.poll())
 

@@ -14,9 +14,12 @@ SYNC_MSG = "called a synchronizing CUDA operation"   # the text of torch's sync 
 SYNC_FIRST_STEP = 1     # the window opens at the end of this step (the first one is warm-up)
 SYNC_STEPS = 20         # steps counted inside the window
 
-# Called with "start" / "end" around each host-to-device copy the copy watch sees (the device
-# timeline, diag.probe.timeline, times copies here instead of patching Tensor.to a second time).
+# Called as fn("start", src) / fn("end", src) around each host-to-device copy the copy watch sees
+# (``.to()``, ``.cuda()``, and ``copy_`` into a CUDA tensor; ``src`` is the CPU tensor copied): the
+# device timeline (diag.probe.timeline) times copies here instead of patching Tensor a second time.
 COPY_LISTENERS: list = []
+# {"on": True} while the copy watch is on (the timeline marks the steps whose copies were all seen)
+COPY_WATCH: dict = {"on": False}
 
 
 def h2d_target(args, kwargs):
@@ -161,7 +164,7 @@ class SyncRecorder:
     def _start_copy_watch(self, torch) -> None:
         ext = self
         Tensor = torch.Tensor
-        orig_to, orig_cuda = Tensor.to, Tensor.cuda
+        orig_to, orig_cuda, orig_copy = Tensor.to, Tensor.cuda, getattr(Tensor, "copy_", None)
         self._copy_patches = Patches()
 
         def to(t, *args, **kwargs):
@@ -186,15 +189,32 @@ class SyncRecorder:
                     return _timed_copy(orig_cuda, t, args, kwargs)
             return orig_cuda(t, *args, **kwargs)
 
+        def copy_(t, src, *args, **kwargs):
+            # dst.copy_(src, non_blocking=...) with a CPU src into a CUDA dst: a host-to-device copy
+            if ext._copy_watch:
+                h2d = False
+                try:
+                    h2d = ext._on_copy_into(t, src, args, kwargs)
+                except Exception:
+                    pass
+                if h2d and COPY_LISTENERS:
+                    return _timed_copy(orig_copy, t, (src,) + args, kwargs, src)
+            return orig_copy(t, src, *args, **kwargs)
+
         to.__wrapped__, cuda.__wrapped__ = orig_to, orig_cuda
         to.__doc__, cuda.__doc__ = orig_to.__doc__, orig_cuda.__doc__
         self._patch(Tensor, "to", to, self._copy_patches)
         self._patch(Tensor, "cuda", cuda, self._copy_patches)
+        if orig_copy is not None:
+            copy_.__wrapped__, copy_.__doc__ = orig_copy, orig_copy.__doc__
+            self._patch(Tensor, "copy_", copy_, self._copy_patches)
         self._copy_watch = True
+        COPY_WATCH["on"] = True
         self.copies["watched"] = True
 
     def _stop_copy_watch(self) -> None:
         self._copy_watch = False
+        COPY_WATCH["on"] = False
         patches = getattr(self, "_copy_patches", None)
         if patches:
             patches.undo()
@@ -210,6 +230,14 @@ class SyncRecorder:
         if target != "cuda":
             return False
         self.record_copy(t, nb)
+        return True
+
+    def _on_copy_into(self, dst, src, args, kwargs) -> bool:
+        """Count ``dst.copy_(src, ...)`` when it copies a CPU tensor into a CUDA one."""
+        if getattr(src, "device", None) is None or src.device.type != "cpu" or dst.device.type != "cuda":
+            return False
+        nb = bool(kwargs.get("non_blocking", False)) or (bool(args) and args[0] is True)
+        self.record_copy(src, nb)
         return True
 
     def record_copy(self, t, non_blocking: bool) -> None:
@@ -229,18 +257,19 @@ class SyncRecorder:
             _count_at_caller(self._copy_sites)
 
 
-def _timed_copy(orig, t, args, kwargs):
-    """``orig(t, ...)`` with the copy listeners told before and after (a listener that fails is
-    left out; the copy always happens)."""
+def _timed_copy(orig, t, args, kwargs, src=None):
+    """``orig(t, ...)`` with the copy listeners told before and after, with the CPU tensor copied
+    (``src``, else ``t``); a listener that fails is left out; the copy always happens."""
+    src = t if src is None else src
     for fn in list(COPY_LISTENERS):
         try:
-            fn("start")
+            fn("start", src)
         except Exception:
             pass
     out = orig(t, *args, **kwargs)
     for fn in list(COPY_LISTENERS):
         try:
-            fn("end")
+            fn("end", src)
         except Exception:
             pass
     return out
