@@ -103,14 +103,16 @@ def _fold(ev: Evidence, event: dict[str, Any]) -> None:
             del r.eval_steps[: len(r.eval_steps) - MAX_STEPS_KEPT]
         st = r.eval_stats
         st.count += 1
-        st.total_s += es.total_s
-        st.data_s += es.data_s
-        st.h2d_s += es.h2d_s
-        st.forward_s += es.forward_s
-        st.other_s += es.other_s
-        st.forwards += es.forwards
-        st.samples += es.samples or 0
-        st.tokens += es.tokens or 0
+        if not es.instrumented:
+            st.timed += 1
+            st.total_s += es.total_s
+            st.data_s += es.data_s
+            st.h2d_s += es.h2d_s
+            st.forward_s += es.forward_s
+            st.other_s += es.other_s
+            st.forwards += es.forwards
+            st.samples += es.samples or 0
+            st.tokens += es.tokens or 0
         st.host_syncs += es.host_syncs
         st.steps_with_syncs += 1 if es.host_syncs else 0
     elif kind == E.EVAL_SYNCS:

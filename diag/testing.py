@@ -160,6 +160,7 @@ class EvidenceBuilder:
                                                h2d_s=h2d_s, forward_s=fwd, other_s=other, forwards=1,
                                                samples=samples, tokens=tokens, site=site, host_syncs=host_syncs))
             st.count += 1
+            st.timed += 1
             st.total_s += total_s
             st.data_s += data_s
             st.h2d_s += h2d_s

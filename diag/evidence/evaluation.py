@@ -36,12 +36,15 @@ class EvalStepRecord:
     tokens: int | None = None       # samples x sequence length, for integer (token) inputs
     site: str | None = None         # ForwardSite.key of the step's first forward
     host_syncs: int = 0             # .item()/.tolist()/.cpu()/.numpy() calls outside the forward (per-batch host syncs)
+    instrumented: bool = False      # its forward ran under FlopCounterMode (flops.eval): left out of timing
 
 
 @dataclass
 class EvalStepStats:
-    """Aggregates over every evaluation step (not just the kept ones)."""
-    count: int = 0
+    """Aggregates over every evaluation step (not just the kept ones); timing, samples and tokens
+    sum the timed steps (an instrumented one left out)."""
+    count: int = 0                  # evaluation steps observed
+    timed: int = 0                  # steps in the sums below
     total_s: float = 0.0
     data_s: float = 0.0
     h2d_s: float = 0.0

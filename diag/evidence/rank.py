@@ -177,18 +177,36 @@ class RankEvidence:
         st = self.eval_stats
         if st.count == 0 or st.total_s <= 0:
             return None
-        steps = list(self.eval_steps)
+        timed_n = st.timed or st.count
+        steps = [s for s in self.eval_steps if not s.instrumented]
         timed = steps[1:] if len(steps) > 3 else steps
         med = {name: median([getattr(s, name) for s in timed]) for name in
                ("total_s", "data_s", "h2d_s", "forward_s", "other_s")} if timed else None
         shares = [s.data_s / s.total_s for s in timed if s.total_s > 0]
-        return {"steps": st.count, "time_s": st.total_s, "samples": st.samples, "tokens": st.tokens,
-                "batches_per_s": st.count / st.total_s,
+        return {"steps": st.count, "timed": timed_n, "time_s": st.total_s, "samples": st.samples,
+                "tokens": st.tokens, "batches_per_s": timed_n / st.total_s,
                 "samples_per_s": st.samples / st.total_s if st.samples else None,
                 "tokens_per_s": st.tokens / st.total_s if st.tokens else None,
                 "median_step_s": med["total_s"] if med else None, "phases": med,
                 "data_share": median(shares) if shares else None,
                 "forward_share": st.forward_s / st.total_s}
+
+    def eval_share(self) -> dict | None:
+        """For a training run with periodic evaluation: {eval_s (the passes' time), train_s (the
+        training steps' time), share (eval_s / (eval_s + train_s)), passes, steps, every (median
+        training steps between two passes), per_pass_s (median pass time), step_s (mean training
+        step)}; None without both."""
+        if not self.evaluations or self.step_stats.count == 0 or self.step_stats.total_s <= 0:
+            return None
+        eval_s = sum(e.time_s for e in self.evaluations)
+        train_s = self.step_stats.total_s
+        afters = [e.after_step for e in self.evaluations]
+        gaps = [b - a for a, b in zip(afters, afters[1:]) if b > a]
+        return {"eval_s": eval_s, "train_s": train_s, "share": eval_s / (eval_s + train_s),
+                "passes": len(self.evaluations), "steps": self.step_stats.count,
+                "every": median(gaps) if gaps else None,
+                "per_pass_s": median([e.time_s for e in self.evaluations]),
+                "step_s": train_s / max(self.step_stats.timed, 1)}
 
     def model(self, model_id: int) -> ModelInfo | None:
         for m in self.models:

@@ -22,8 +22,12 @@ and restored it keeps its restore).
 """
 from __future__ import annotations
 
+import os
 import time
 
+from diag.probe.models import wrappers_of
+
+EVAL_FLOPS_STEP = 3     # the evaluation step whose forward is counted with FlopCounterMode (evaluation-only runs)
 MAX_LOCATED = 2000      # host-sync calls walked to the user's line (then only counted)
 MAX_SYNC_SITES = 10
 _SYNC_OPS = ("item", "tolist", "cpu", "numpy")
@@ -42,6 +46,8 @@ class EvalStepRules:
         self._es_sites: dict[tuple, dict] = {}
         self._es_located = 0
         self._es_cuda = False                  # an evaluated model lives on CUDA: time copies
+        self._es_flops = None                  # FlopCounterMode over the counted evaluation step
+        self._es_flops_done = False
 
     # ---- the step ------------------------------------------------------------------------------------
     def _es_open(self, t: float) -> dict:
@@ -49,8 +55,10 @@ class EvalStepRules:
         start = min(max(starts), t) if starts else t
         self._es = {"start": start, "data_s": 0.0, "h2d_s": 0.0, "forward_s": 0.0, "forwards": 0,
                     "samples": None, "tokens": None, "site": None, "sites": set(), "syncs": 0,
-                    "provisional": False, "sync_at": []}
+                    "provisional": False, "sync_at": [], "instrumented": False}
         self._es_watch = self._es_patched
+        if not self._es_flops_done and self._es_count == EVAL_FLOPS_STEP - 1:
+            self._es_flops_enter()
         return self._es
 
     def _es_fetch(self, t0: float, dt: float, provisional: bool) -> None:
@@ -81,6 +89,8 @@ class EvalStepRules:
         if es["site"] is None:
             es["site"], es["samples"], es["tokens"] = site, samples, tokens
         es["sites"].add(site)
+        if self._es_flops is not None:
+            self._es_flops_exit(es, site)
         if not self._es_cuda and site is not None:
             self._es_cuda = any(str(d).startswith("cuda") for d in self._model_device.values())
 
@@ -88,6 +98,8 @@ class EvalStepRules:
         es = self._es
         self._es = None
         self._es_watch = False
+        if self._es_flops is not None:
+            self._es_flops_exit(None, None)
         if es is None:
             return
         if not es["forwards"]:
@@ -108,7 +120,7 @@ class EvalStepRules:
         ev = {"index": self._es_count, "pass_index": self._eval_passes + 1, "total_s": total,
               "data_s": es["data_s"], "h2d_s": es["h2d_s"], "forward_s": es["forward_s"], "other_s": other,
               "forwards": es["forwards"], "samples": es["samples"], "tokens": es["tokens"], "site": es["site"],
-              "host_syncs": es["syncs"]}
+              "host_syncs": es["syncs"], "instrumented": es["instrumented"]}
         if self._site_dirty and self._es_count % 50 == 1:
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
@@ -124,6 +136,8 @@ class EvalStepRules:
             # the tail (its fetches, and the forwards after them: a teacher's) feeds the training step
             self._es = None
             self._es_watch = False
+            if self._es_flops is not None:
+                self._es_flops_exit(None, None)
             return
         self._es_close(t)
 
@@ -195,7 +209,69 @@ class EvalStepRules:
                 continue
             self._es_mine.append((Tensor, name, new, own))
 
+    # ---- FLOPs of one evaluation forward (evaluation-only runs) ----------------------------------------
+    def _es_flops_enter(self) -> None:
+        """Count the next evaluation step's forward with FlopCounterMode: only in a run with no training
+        so far and no optimizer (an evaluation or batch-inference script; a training run's FLOPs are
+        counted on a training step by the flop counter extension, and its forward FLOPs price its
+        evaluation)."""
+        self._es_flops_done = True
+        if self.steps_done or self._optimizers or "flopcounter" in os.environ.get("DIAG_PROBE_DISABLE", ""):
+            return
+        try:
+            from diag.probe.core import _optimizer_alive
+
+            if _optimizer_alive() or any("compiled" in wrappers_of(m)[1] for m in self.models()):
+                return
+            from torch.utils.flop_counter import FlopCounterMode
+
+            mode = FlopCounterMode(display=False)
+            mode.__enter__()
+            self._es_flops = mode
+            if self._es is not None:
+                self._es["instrumented"] = True
+        except Exception as e:
+            self._es_flops = None
+            self.report_error("eval_steps.flops", e)
+
+    def _es_flops_exit(self, es: dict | None, site: str | None) -> None:
+        mode, self._es_flops = self._es_flops, None
+        try:
+            mode.__exit__(None, None, None)
+        except Exception as e:
+            self.report_error("eval_steps.flops", e)
+            return
+        if es is None or site is None:
+            return
+        try:
+            flops = int(mode.get_total_flops())
+            rec = next((v for v in self._sites.values() if v["key"] == site), None)
+            ref = self._model_refs.get(rec["model"]) if rec else None
+            model = ref() if ref is not None else None
+            params = sum(p.numel() for p in model.parameters()) if model is not None else None
+            dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()), None) if model is not None else None
+            dev = next((p.device for p in model.parameters()), None) if model is not None else None
+            dev_type = dev.type if dev is not None else "cpu"
+            dev_name = None
+            if dev_type == "cuda":
+                import torch
+
+                dev_name = torch.cuda.get_device_name(dev)
+            units = es["tokens"] or es["samples"]
+            analytic = 2 * params * units if params and units else None
+            value = {"flops": flops, "samples": es["samples"], "tokens": es["tokens"], "params": params,
+                     "eval_step": self._es_count + 1, "device": dev_type, "device_name": dev_name,
+                     "precision": rec.get("autocast") if rec and rec.get("autocast") else dtype,
+                     "analytic_flops": analytic,
+                     "analytic_basis": "tokens" if es["tokens"] else "samples",
+                     "ratio_to_analytic": flops / analytic if analytic else None}
+            self.emit("set", path="flops.eval", value=value)
+        except Exception as e:
+            self.report_error("eval_steps.flops", e)
+
     def _es_uninstall(self) -> None:
+        if self._es_flops is not None:
+            self._es_flops_exit(None, None)
         mine, self._es_mine = self._es_mine, []
         for owner, name, ours, orig in reversed(mine):
             try:
