@@ -194,19 +194,20 @@ class RankEvidence:
     def eval_share(self) -> dict | None:
         """For a training run with periodic evaluation: {eval_s (the passes' time), train_s (the
         training steps' time), share (eval_s / (eval_s + train_s)), passes, steps, every (median
-        training steps between two passes), per_pass_s (median pass time), step_s (mean training
+        training steps between two passes), per_pass_s (median pass time), step_s (median training
         step)}; None without both."""
         if not self.evaluations or self.step_stats.count == 0 or self.step_stats.total_s <= 0:
             return None
         eval_s = sum(e.time_s for e in self.evaluations)
         train_s = self.step_stats.total_s
+        med = self.median_step()
         afters = [e.after_step for e in self.evaluations]
         gaps = [b - a for a, b in zip(afters, afters[1:]) if b > a]
         return {"eval_s": eval_s, "train_s": train_s, "share": eval_s / (eval_s + train_s),
                 "passes": len(self.evaluations), "steps": self.step_stats.count,
                 "every": median(gaps) if gaps else None,
                 "per_pass_s": median([e.time_s for e in self.evaluations]),
-                "step_s": train_s / max(self.step_stats.timed, 1)}
+                "step_s": (med or {}).get("total_s") or train_s / max(self.step_stats.timed, 1)}
 
     def model(self, model_id: int) -> ModelInfo | None:
         for m in self.models:
