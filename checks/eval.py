@@ -200,8 +200,12 @@ def eval_train_mode(ctx):
         sev = Severity.WARNING if layers or model is None else Severity.INFO
         named = ", ".join(f"{n} x{c}" for n, c in sorted(layers.items())) if layers else ""
         msg = (f"{count} evaluation forward(s) of {site.module}{_where(site)} ran with the model in training mode"
-               + (f": its {named} behave as in training (dropout drops activations, batch-norm uses the batch's "
-                  "statistics and updates its running averages), so the evaluation's numbers are wrong"
+               + (f": its {named} behave as in training ("
+                  + "; ".join(x for x in (
+                      "dropout drops activations at random" if any("Dropout" in k for k in layers) else "",
+                      "batch-norm normalises with the batch's statistics and updates its running averages"
+                      if any("BatchNorm" in k for k in layers) else "") if x)
+                  + "), so the evaluation's numbers are wrong"
                   if layers else
                   (": no dropout or batch-norm layer was found, so the numbers are right today, but a layer added "
                    "later would change them" if model is not None else "")) + ".")

@@ -213,7 +213,7 @@ def estimate_eval(m: EvalMeasured, units: Any, *, unit: str, gpu: str | None = N
         if mfu is not None:
             u, ubasis = parse_fraction(mfu), "given"
         else:
-            u, ubasis = (F.DEFAULT_MFU_LLM if unit == "tokens" else F.DEFAULT_MFU_OTHER), "assumed (Epoch AI's default)"
+            u, ubasis = (F.DEFAULT_MFU_LLM if unit == "tokens" else F.DEFAULT_MFU_OTHER), "assumed, Epoch AI's default"
         rate_units = peak * u / m.flops_per_unit
         label = g.name
         basis = f"{m.flops_per_unit:.3g} FLOPs/{unit[:-1]} (measured) at MFU {u:.0%} ({ubasis}) of {prec} peak"
@@ -236,8 +236,9 @@ def estimate_eval(m: EvalMeasured, units: Any, *, unit: str, gpu: str | None = N
 def eval_frequency(ev, *, price: Any = None, gpu: str | None = None, count: Any = None,
                    catalog: Catalog | None = None) -> EvalFrequency | None:
     """The share of a training run's wall time its evaluation passes took, and what evaluating every k
-    steps would cost or save (k = the run's interval x 1/4, 1/2, 1, 2, 4, 10), from its median pass time
-    and mean training step. None for a run without both."""
+    steps would cost or save (k = the run's interval x 1/4, 1/2, 1, 2, 4, 10), from its mean pass time
+    and mean training step (so the run's own interval reproduces its measured share). None for a run
+    without both."""
     if not ev.ranks:
         return None
     s = ev.primary.eval_share()

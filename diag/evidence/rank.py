@@ -194,8 +194,8 @@ class RankEvidence:
     def eval_share(self) -> dict | None:
         """For a training run with periodic evaluation: {eval_s (the passes' time), train_s (the
         training steps' time), share (eval_s / (eval_s + train_s)), passes, steps, every (median
-        training steps between two passes), per_pass_s (median pass time), step_s (median training
-        step)}; None without both."""
+        training steps between two passes), per_pass_s and step_s (means over the run: they
+        reproduce ``share``), median_pass_s, median_step_s}; None without both."""
         if not self.evaluations or self.step_stats.count == 0 or self.step_stats.total_s <= 0:
             return None
         eval_s = sum(e.time_s for e in self.evaluations)
@@ -206,8 +206,10 @@ class RankEvidence:
         return {"eval_s": eval_s, "train_s": train_s, "share": eval_s / (eval_s + train_s),
                 "passes": len(self.evaluations), "steps": self.step_stats.count,
                 "every": median(gaps) if gaps else None,
-                "per_pass_s": median([e.time_s for e in self.evaluations]),
-                "step_s": (med or {}).get("total_s") or train_s / max(self.step_stats.timed, 1)}
+                "per_pass_s": eval_s / len(self.evaluations),
+                "step_s": train_s / max(self.step_stats.timed, 1),
+                "median_pass_s": median([e.time_s for e in self.evaluations]),
+                "median_step_s": (med or {}).get("total_s")}
 
     def model(self, model_id: int) -> ModelInfo | None:
         for m in self.models:

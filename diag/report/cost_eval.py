@@ -50,8 +50,8 @@ def render_frequency(f, out) -> None:
     every = f"every {f.every:,.0f} training steps" if f.every else f"{f.passes} pass(es)"
     w(f"Eval share   {f.passes} evaluation pass(es) took {fmt_seconds(f.eval_s)} = {f.share:.1%} of training+"
       f"evaluation time ({every})\n")
-    w(f"Interval     from the run's median pass ({fmt_seconds(f.per_pass_s)}) and median training step "
-      f"({fmt_seconds(f.step_s)}):\n")
+    w(f"Interval     from the run's mean pass ({fmt_seconds(f.per_pass_s)}) and mean training step "
+      f"({fmt_seconds(f.step_s)}), warm-up included:\n")
     money = f.price_per_hour is not None
     w(f"{'  evaluate every':<18}{'share':>8}{'eval time / 1,000 steps':>26}{'vs now':>14}"
       + (f"{'cost vs now':>14}" if money else "") + "\n")
