@@ -246,3 +246,33 @@ def test_eval_frequency_from_the_runs_own_numbers():
     assert twice.delta_cost_per_1000_steps == pytest.approx(-25.0 / 3600 * 3)
     assert eval_frequency(EvidenceBuilder().model().steps(4).build()) is None
     assert not math.isnan(f.step_s)
+
+
+# ---- the memory plan of an evaluation-only run -----------------------------------------------------------
+
+def test_make_eval_plan_finds_the_largest_evaluation_batch():
+    from diag.memory.plan import CUDA_CONTEXT_BYTES, make_eval_plan
+
+    per_sample = 1 << 20            # 1 MiB of activations per sample, 64 MiB of weights
+
+    def evaluate(b):
+        return {"mode": "eval", "batch": b, "peak": (64 << 20) + b * per_sample, "uses": {"matmul": True},
+                "categories": {}}
+
+    cap = 8 << 30
+    plan = make_eval_plan(evaluate, observed_batch=4, capacity=cap, capability=[9, 0])
+    assert plan["mode"] == "eval" and plan["max_batch"] is None and plan["status"] == "ok"
+    mx = plan["eval"]["max_batch"]
+    fits = lambda b: evaluate(b)["peak"] + (32 << 20) + int(((evaluate(b)["peak"] + (32 << 20)) * 0.05)) \
+        + CUDA_CONTEXT_BYTES <= int(cap * 0.9)
+    assert fits(mx) and not fits(int(mx * 1.02) + 1)     # within the search's precision
+    assert plan["at_target"]["batch"] == 4 and plan["eval"]["points"]
+
+
+def test_memory_eval_batch_on_an_evaluation_only_estimate():
+    ev = _eval_run(input_shape=[1, 128]).eval_steps(64, samples=1).build()
+    ev.primary.memory["estimate"] = {"status": "ok", "mode": "eval", "observed_batch": 1, "capacity": 80 << 30,
+                                     "eval": {"batch": 1, "max_batch": 4096}}
+    (f,) = run_check("memory.eval-batch", ev)
+    assert f.severity == Severity.INFO and f.evidence["max_eval_batch"] == 4096
+    assert f.evidence["train_batch"] is None and "training batch" not in f.message

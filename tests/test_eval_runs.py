@@ -162,3 +162,19 @@ def test_cost_of_an_evaluation_run(diag_cli, tmp_path):
     assert bad.code == 2 and "--eval-samples" in bad.stderr and "Traceback" not in bad.stderr
     bad = diag_cli("cost", "--from", run_dir, "--eval-tokens", "1M", timeout=TIMEOUT)
     assert bad.code == 2 and "--eval-samples" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_memory_plan_of_an_evaluation_only_script(diag_cli, tmp_path):
+    """`diag memory` replays the evaluation forward itself when the script never trains, and
+    memory.eval-batch and eval.small-batch read the largest evaluation batch from that plan."""
+    r = diag_cli("memory", "--script", str(SCRIPTS / EVAL), "--gpu", "H100", "--", "--bs", "1", "--samples", "64",
+                 timeout=TIMEOUT)
+    assert r.code == 0, r.stderr
+    assert "largest evaluation batch under inference_mode" in r.stdout
+    assert "evaluation forward (inference_mode)" in r.stdout
+    run_dir = str(next(Path(tmp_path).glob(".diag/runs/*")))
+    rep = diag_cli("check", "--from", run_dir, "--format", "json", timeout=TIMEOUT).json()
+    (m,) = findings_by_id(rep)["memory.eval-batch"]
+    assert m["severity"] == "info" and m["evidence"]["eval_batch"] == 1 and m["evidence"]["max_eval_batch"] > 1000
+    (s,) = findings_by_id(rep)["eval.small-batch"]
+    assert s["severity"] == "warning" and s["evidence"]["max_eval_batch"] == m["evidence"]["max_eval_batch"]

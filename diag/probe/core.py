@@ -646,8 +646,13 @@ class Probe(StepRules):
             e_samples = e_tokens = None
             if self.current_step is None or self.current_step.group_end is not None:
                 e_samples, e_tokens, _, _ = batch_size_of(args, kwargs, self.last_batch_samples)
-            if not self._eval_forward(start, dt, skey, e_samples, e_tokens) and self.current_step is not None:
-                self.current_step.eval_s += dt
+            if not self._eval_forward(start, dt, skey, e_samples, e_tokens):
+                if self.current_step is not None:
+                    self.current_step.eval_s += dt
+            elif self.extensions and self._es_ext_calls < 8:
+                # the first evaluation forwards (diag.probe.evalsteps): an evaluation-only run's batch
+                self._es_ext_calls += 1
+                self._ext("on_eval_forward", module, args, kwargs, output, site)
             if out_rg and not self._in_backward:
                 # a graph built outside training mode: find out whether a backward goes through it
                 try:

@@ -47,6 +47,7 @@ class EvalStepRules:
         self._es_located = 0
         self._es_cuda = False                  # an evaluated model lives on CUDA: time copies
         self._es_flops = None                  # FlopCounterMode over the counted evaluation step
+        self._es_ext_calls = 0                 # evaluation forwards handed to extensions (on_eval_forward)
         self._es_flops_done = False
 
     # ---- the step ------------------------------------------------------------------------------------
