@@ -161,15 +161,26 @@ class EvalStepRules:
     # ---- tensor-method patches (lazy) ----------------------------------------------------------------
     def _es_install(self) -> None:
         self._es_patched = True
+        if "evalsyncs" in os.environ.get("DIAG_PROBE_DISABLE", ""):
+            return              # no per-batch host syncs or copies counted (eval.host-sync skips)
         try:
             import torch
         except Exception:
             return
         probe = self
         Tensor = torch.Tensor
+        try:
+            compiling = torch.compiler.is_compiling
+        except AttributeError:      # older torch
+            def compiling():
+                return False
 
+        # compiling() first: under torch.compile's tracing it is a constant True, so dynamo neither
+        # traces diag's bookkeeping nor guards on the probe's flags (no graph break, no recompile)
         def make_sync(name, orig):
             def wrapper(t, *args, **kwargs):
+                if compiling():
+                    return orig(t, *args, **kwargs)
                 if probe._es_watch and not probe._depth and not probe._forked:
                     probe._es_sync(name)
                 return orig(t, *args, **kwargs)
@@ -180,6 +191,8 @@ class EvalStepRules:
 
         def make_copy(name, orig):
             def wrapper(t, *args, **kwargs):
+                if compiling():
+                    return orig(t, *args, **kwargs)
                 if probe._es_watch and probe._es_cuda and not probe._depth and not probe._forked:
                     t0 = time.perf_counter()
                     out = orig(t, *args, **kwargs)
