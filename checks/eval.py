@@ -59,10 +59,11 @@ def eval_no_grad(ctx):
         rec = _graph_record(r, site.key)
         mem = rec.get("bytes")
         code = rec.get("code")
-        msg = (f"{count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled, "
+        mode = "train" if site.training else "eval"
+        msg = (f"{count} forward(s) of {site.module}{where} ran in {mode} mode with gradients enabled, "
                f"building an autograd graph through {trainable:,} trainable parameters"
                if trainable is not None else
-               f"{count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled")
+               f"{count} forward(s) of {site.module}{where} ran in {mode} mode with gradients enabled")
         ratio = None
         if mem:
             msg += f" and keeping {size(mem)} of activations alive per forward"
@@ -209,6 +210,9 @@ def eval_train_mode(ctx):
                   if layers else
                   (": no dropout or batch-norm layer was found, so the numbers are right today, but a layer added "
                    "later would change them" if model is not None else "")) + ".")
+        if site.grad_enabled and not site.inference_mode:
+            msg += (" They also ran with gradients enabled (no torch.no_grad()/inference_mode()): every one built "
+                    "an autograd graph for a backward that never came.")
         yield ctx.finding(
             severity=sev, message=msg,
             evidence={"forwards": count, "module": site.module, "site": site.key, "layers": layers,

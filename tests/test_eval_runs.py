@@ -178,3 +178,14 @@ def test_memory_plan_of_an_evaluation_only_script(diag_cli, tmp_path):
     assert m["severity"] == "info" and m["evidence"]["eval_batch"] == 1 and m["evidence"]["max_eval_batch"] > 1000
     (s,) = findings_by_id(rep)["eval.small-batch"]
     assert s["severity"] == "warning" and s["evidence"]["max_eval_batch"] == m["evidence"]["max_eval_batch"]
+
+
+def test_train_mode_without_no_grad_is_still_an_evaluation_run(diag_cli, tmp_path):
+    """Both mistakes at once: the forwards look like training (train mode, a graph), but nothing ever
+    reaches a backward or an optimizer: an evaluation run, and one warning that names both."""
+    r, rep = check_json(diag_cli, EVAL, script_args=["--grad", "--train-mode"], timeout=TIMEOUT)
+    assert r.code == 0
+    assert severities(rep, "run.no-steps") == ["pass"]
+    (f,) = findings_by_id(rep)["eval.train-mode"]
+    assert f["severity"] == "warning" and "gradients enabled" in f["message"]
+    assert _evidence(tmp_path)["run"]["kind"] == "evaluation"
