@@ -167,8 +167,9 @@ def test_cost_of_an_evaluation_run(diag_cli, tmp_path):
 def test_memory_plan_of_an_evaluation_only_script(diag_cli, tmp_path):
     """`diag memory` replays the evaluation forward itself when the script never trains, and
     memory.eval-batch and eval.small-batch read the largest evaluation batch from that plan."""
-    r = diag_cli("memory", "--script", str(SCRIPTS / EVAL), "--gpu", "H100", "--", "--bs", "1", "--samples", "64",
-                 timeout=TIMEOUT)
+    # --steps: `diag memory` stops after one (here: evaluation) step by default; let all 64 batches run
+    r = diag_cli("memory", "--script", str(SCRIPTS / EVAL), "--gpu", "H100", "--steps", "1000", "--",
+                 "--bs", "1", "--samples", "64", timeout=TIMEOUT)
     assert r.code == 0, r.stderr
     assert "largest evaluation batch under inference_mode" in r.stdout
     assert "evaluation forward (inference_mode)" in r.stdout
@@ -189,3 +190,11 @@ def test_train_mode_without_no_grad_is_still_an_evaluation_run(diag_cli, tmp_pat
     (f,) = findings_by_id(rep)["eval.train-mode"]
     assert f["severity"] == "warning" and "gradients enabled" in f["message"]
     assert _evidence(tmp_path)["run"]["kind"] == "evaluation"
+
+
+def test_steps_counts_evaluation_steps_in_an_evaluation_run(diag_cli, tmp_path):
+    r, rep = check_json(diag_cli, EVAL, "--steps", "5", timeout=TIMEOUT)
+    assert r.code == 0 and rep["run"]["status"] == "stopped"
+    assert "5 evaluation steps" in rep["run"]["stop_reason"]
+    assert _evidence(tmp_path)["ranks"][0]["eval_stats"]["count"] == 5
+    assert severities(rep, "run.no-steps") == ["pass"]

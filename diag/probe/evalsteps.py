@@ -126,6 +126,23 @@ class EvalStepRules:
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
         self.emit("eval_step", **ev)
+        if self.max_steps is not None and self._es_count >= self.max_steps and self._evaluation_only():
+            from diag.probe.core import DiagStop
+
+            self._es_watch = False
+            raise DiagStop(f"--steps {self.max_steps} reached ({self._es_count} evaluation steps: "
+                           "an evaluation run)", "stopped")
+
+    def _evaluation_only(self) -> bool:
+        """No training so far and no optimizer in the process (looked up once): ``--steps N`` counts
+        evaluation steps in such a run."""
+        if self.steps_done or self._optimizers or self._any_optimizer_step:
+            return False
+        if getattr(self, "_es_no_optimizer", None) is None:
+            from diag.probe.core import _optimizer_alive
+
+            self._es_no_optimizer = not _optimizer_alive()
+        return self._es_no_optimizer
 
     def _es_claimed_by_training(self, t: float, tail_taken: bool) -> None:
         """Training begins at ``t``: an evaluation step built on fetches that training takes is dropped;
