@@ -276,3 +276,42 @@ def test_memory_eval_batch_on_an_evaluation_only_estimate():
     (f,) = run_check("memory.eval-batch", ev)
     assert f.severity == Severity.INFO and f.evidence["max_eval_batch"] == 4096
     assert f.evidence["train_batch"] is None and "training batch" not in f.message
+
+
+# ---- the probe in-process: evaluation steps, host syncs, patches undone ------------------------------------
+
+def test_probe_records_evaluation_steps_and_restores_tensor_methods():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from diag.probe.core import Probe
+
+    orig = {n: torch.Tensor.__dict__.get(n) for n in ("item", "tolist", "cpu", "numpy", "to", "cuda")}
+    events: list = []
+    probe = Probe(events.append).install()
+    try:
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
+        loader = DataLoader(TensorDataset(torch.randn(40, 8)), batch_size=8)
+        with torch.inference_mode():
+            for (x,) in loader:
+                model(x).sum().item()                          # a host sync per batch
+        probe.finish("completed")
+    finally:
+        probe.uninstall()
+    assert {n: torch.Tensor.__dict__.get(n) for n in orig} == orig     # every patch undone
+    ev = Evidence()
+    for e in events:
+        fold(ev, e)
+    r = ev.primary
+    assert ev.run_kind() == "evaluation"
+    assert r.eval_stats.count == 5 and [s.samples for s in r.eval_steps] == [8] * 5
+    for s in r.eval_steps:
+        assert s.data_s + s.h2d_s + s.forward_s + s.other_s == pytest.approx(s.total_s, abs=1e-9)
+        assert s.host_syncs == 1
+    assert r.eval_stats.steps_with_syncs == 5
+    (site,) = r.eval_stats.sync_sites
+    assert site["file"] == __file__ and site["op"] == "item" and site["calls"] == 5
+    # (the FLOP count of evaluation step 3 needs a process without optimizers: tests/test_eval_runs.py)
+    (p,) = r.evaluations
+    assert sum(s.total_s for s in r.eval_steps) == pytest.approx(p.time_s, rel=1e-6)
