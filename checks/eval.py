@@ -334,9 +334,10 @@ def eval_amp(ctx):
     """Evaluation forwards run in fp32 (no autocast, fp32 parameters) on a CUDA device whose tensor
     cores take bf16 (compute capability >= 8.0) or fp16 (>= 7.0). Evaluation needs no GradScaler:
     `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 before Ampere) around the loop is the whole
-    change. The gain is bounded with Amdahl's law from the measured forward share of the evaluation
-    steps (the tuning guide's "up to 3x"). Warning when forwards take >= 30% of an evaluation step,
-    info below. Skipped when evaluation runs on the CPU."""
+    change. The gain is bounded with Amdahl's law (the tuning guide's "up to 3x") from the share of
+    the evaluation steps that is not data wait or host-to-device copies (host clock: the device's
+    forward time surfaces where the host next waits for it). Warning when that share is >= 30%, info
+    below. Skipped when evaluation runs on the CPU."""
     ev = ctx.evidence
     r = ev.primary
     sites = eval_sites(r)
@@ -363,7 +364,11 @@ def eval_amp(ctx):
     bf16 = cap is None or cap >= (8, 0)
     dtype = "bfloat16" if bf16 else "float16"
     tp = r.eval_throughput()
-    share = tp["forward_share"] if tp else None
+    st = r.eval_stats
+    # host clock: a CUDA forward returns when its kernels are queued, and the device's time surfaces
+    # where the host next waits for it (a .item(), the next copy), so the share the device may be busy
+    # is bounded by everything but the data wait and the copies
+    share = ((st.forward_s + st.other_s) / st.total_s) if tp and st.total_s > 0 else None
     gain = amdahl(share, AMP_MAX_SPEEDUP) if share is not None else None
     site = sites[0]
     sev = Severity.WARNING if share is None or share >= FORWARD_WARN_SHARE else Severity.INFO
@@ -371,8 +376,8 @@ def eval_amp(ctx):
         severity=sev,
         message=f"Evaluation forwards{_where(site)} run in float32 on {dev.name} (compute capability "
                 f"{cap_str(cap)}), whose tensor cores take {dtype}"
-                + (f": forwards are {pct(share)} of each evaluation step, so evaluation could run up to "
-                   f"{gain:.1f}x faster." if gain else "."),
+                + (f": forwards and what waits on them are {pct(share)} of the evaluation time (host clock), so "
+                   f"evaluation could run up to {gain:.1f}x faster." if gain else "."),
         evidence={"device": dev.name, "capability": cap_str(cap), "recommended_dtype": dtype,
                   "forward_share": round(share, 4) if share is not None else None,
                   "max_speedup": round(gain, 3) if gain else None, "site": site.key},

@@ -138,7 +138,12 @@ def test_eval_amp_on_cuda_evidence():
                                                                                samples=64)
     (f,) = run_check("eval.amp", b.build())
     assert f.severity == Severity.WARNING and f.evidence["recommended_dtype"] == "bfloat16"
+    assert f.evidence["forward_share"] == pytest.approx(0.9)      # everything but the data wait
     assert f.evidence["max_speedup"] == pytest.approx(1 / (0.1 + 0.9 / 3), rel=1e-3)
+    # mostly waiting for data: an info
+    (g,) = run_check("eval.amp", EvidenceBuilder().cuda_eval(device=A100).eval_steps(20, total_s=0.01, data_s=0.008,
+                                                                                    samples=64).build())
+    assert g.severity == Severity.INFO
     assert "GradScaler" not in f.snippet and "bfloat16" in f.snippet
     (f,) = run_check("eval.amp", EvidenceBuilder().cuda_eval(device="Tesla V100-SXM2-16GB", capability=(7, 0))
                      .eval_steps(20, samples=64).build())
