@@ -104,7 +104,7 @@ def test_training_with_periodic_evaluation(diag_cli, tmp_path):
     training without evaluation; the evaluation loader's waits never land in a training step."""
     r, rep = check_json(diag_cli, "train_with_eval.py", timeout=TIMEOUT,
                         script_args=["--eval-every", "8", "--slow-eval", "--eval-batches", "2"])
-    ev = _evidence(tmp_path)
+    ev = json.loads(Path(rep["run"]["evidence"]).read_text())
     rank = ev["ranks"][0]
     assert ev["run"]["kind"] == "training+evaluation"
     assert rank["step_stats"]["count"] == 24 and len(rank["evaluations"]) == 3
@@ -121,7 +121,7 @@ def test_training_with_periodic_evaluation(diag_cli, tmp_path):
         assert severities(rep, cid) == severities(rep0, cid), cid
     assert rep0["summary"]["steps"] == rep["summary"]["steps"] == 24
     # the evaluation share: on the summary line and from diag cost
-    run_dir = str(next(Path(tmp_path).glob(".diag/runs/*")))
+    run_dir = rep["run"]["run_dir"]
     text = diag_cli("check", "--from", run_dir, timeout=TIMEOUT).stdout
     assert "of training+evaluation time" in text and "a pass every 8 steps" in text
     c = diag_cli("cost", "--from", run_dir, "--eval-samples", "1M", "--format", "json", timeout=TIMEOUT)

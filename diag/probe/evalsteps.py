@@ -47,6 +47,8 @@ class EvalStepRules:
         self._es_located = 0
         self._es_cuda = False                  # an evaluated model lives on CUDA: time copies
         self._es_flops = None                  # FlopCounterMode over the counted evaluation step
+        self._es_pend_t0: float | None = None  # fetches not yet given to a step (training runs before any evaluation)
+        self._es_pend_dt = 0.0
         self._es_ext_calls = 0                 # evaluation forwards handed to extensions (on_eval_forward)
         self._es_flops_done = False
 
@@ -65,6 +67,13 @@ class EvalStepRules:
     def _es_fetch(self, t0: float, dt: float, provisional: bool) -> None:
         """A batch arrived while no training step is open."""
         es = self._es
+        if es is None and self.steps_done and not self._es_patched:
+            # a training run that has not evaluated yet (the hot path of every training step): only
+            # remember the fetch, in case an evaluation forward comes next
+            if self._es_pend_t0 is None:
+                self._es_pend_t0 = t0
+            self._es_pend_dt += dt
+            return
         if es is not None and es["forwards"]:
             self._es_close(t0)
             es = None
@@ -81,6 +90,9 @@ class EvalStepRules:
             es = None
         if es is None:
             es = self._es_open(start)
+            if self._es_pend_t0 is not None and self._es_pend_t0 >= es["start"]:
+                es["data_s"] += self._es_pend_dt      # the fetch of its batch, made before it was known
+        self._es_pend_t0, self._es_pend_dt = None, 0.0
         if not self._es_patched:
             self._es_install()           # the first evaluation forward: watch syncs and copies from now on
         self._es_watch = True
@@ -147,6 +159,7 @@ class EvalStepRules:
     def _es_claimed_by_training(self, t: float, tail_taken: bool) -> None:
         """Training begins at ``t``: an evaluation step built on fetches that training takes is dropped;
         one that evaluated ends here."""
+        self._es_pend_t0, self._es_pend_dt = None, 0.0
         es = self._es
         if es is None:
             return
