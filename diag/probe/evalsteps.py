@@ -51,6 +51,7 @@ class EvalStepRules:
         self._es_pend_dt = 0.0
         self._es_ext_calls = 0                 # evaluation forwards handed to extensions (on_eval_forward)
         self._es_flops_done = False
+        self._es_finishing = False
 
     # ---- the step ------------------------------------------------------------------------------------
     def _es_open(self, t: float) -> dict:
@@ -138,7 +139,8 @@ class EvalStepRules:
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
         self.emit("eval_step", **ev)
-        if self.max_steps is not None and self._es_count >= self.max_steps and self._evaluation_only():
+        if (self.max_steps is not None and self._es_count >= self.max_steps and not self._es_finishing
+                and self._evaluation_only()):
             from diag.probe.core import DiagStop
 
             self._es_watch = False
@@ -172,12 +174,9 @@ class EvalStepRules:
             return
         self._es_close(t)
 
-    def _es_end(self, end: float) -> None:
-        """The evaluation pass ends (the run ends, or training resumes with no fetch of its own)."""
-        if self._es is not None:
-            self._es_close(end)
-
     def _es_finish(self) -> None:
+        """The run ends: the open evaluation step closes with the pass (never a --steps stop here)."""
+        self._es_finishing = True
         if self._es is not None:
             es = self._es
             last = es["start"] + es["data_s"] + es["h2d_s"] + es["forward_s"]
