@@ -47,6 +47,7 @@ async def test_steps_tab_shows_evaluation_rows():
     app = replay_app("steps", evidence=_eval_only(), findings=[])
     async with app.run_test(size=(110, 40)) as pilot:
         await pilot.pause(0.3)
+        assert "evaluation step 20" in widget_text(app, "#header-1", 110)
         summary = widget_text(app, "#steps-summary", 110)
         assert "evaluation run" in summary and "no training step seen yet" not in summary
         rows = widget_text(app, "#steps-eval", 110)
