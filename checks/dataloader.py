@@ -127,13 +127,18 @@ def dataloader_workers(ctx):
     the usable CPUs minus one, and predicts the step time after it. On a CPU-only run the workers share
     the cores with the model's compute: the cap is half the CPUs, the text says so, the snippet has
     no pin_memory, and a loader already at that cap gets an info (more workers cannot help). Under
-    the Hugging Face Trainer or Lightning the fix names their arguments."""
+    the Hugging Face Trainer or Lightning the fix names their arguments. In an evaluation-only run
+    (an evaluation or batch-inference script) the evaluation loader is judged the same way, on the
+    evaluation steps: the median share of each evaluation step spent waiting for its batch."""
     ev = ctx.evidence
     r = ev.primary
     if not r.dataloaders:
         yield ctx.skip("No DataLoader was iterated (see dataloader.main-thread-data for hand-made batching).")
         return
     loader = r.training_loader()    # the loader whose batches fed training steps, not the biggest
+    if loader is None and ev.run_kind() == "evaluation":
+        yield from _eval_workers(ctx, ev, r)
+        return
     if loader is None:
         yield ctx.skip(f"No DataLoader fed the training steps ({len(r.dataloaders)} evaluation DataLoader(s) only).")
         return
@@ -221,6 +226,59 @@ def dataloader_workers(ctx):
         why="While the main process fetches and collates the next batch, the model does nothing; "
             "this time is lost on every step.",
         fix=fix, snippet=snippet, location=loc(loader.location or (framework_entry(ev) if fw else None)),
+    )
+
+
+def _eval_workers(ctx, ev, r):
+    """dataloader.workers for an evaluation-only run: the evaluation loader, judged on the evaluation
+    steps (data wait / step, median of the steady ones)."""
+    loaders = r.eval_loaders()
+    tp = r.eval_throughput()
+    if not loaders or tp is None or tp.get("data_share") is None:
+        yield ctx.skip("An evaluation run with no evaluation step fed by a DataLoader.")
+        return
+    loader = max(loaders, key=lambda d: (d.wait_s, d.batches))
+    ph = tp["phases"]
+    frac, wait = tp["data_share"], ph["data_s"]
+    compute = max(ph["total_s"] - wait, 0.0)
+    cpus = ev.environment.cpu_count
+    on_cpu = not any(str(d).startswith("cuda") for m in r.models for d in m.devices)
+    numbers = {"data_share": round(frac, 4), "data_wait_per_step_s": round(wait, 6),
+               "compute_per_step_s": round(compute, 6), "steps": tp["steps"], "num_workers": loader.num_workers,
+               "cpu_count": cpus, "batch_size": loader.batch_size, "loader_id": loader.id, "cpu_training": on_cpu,
+               "evaluation": True}
+    if frac < WARN_SHARE or wait < MIN_MAIN_THREAD_GAP_S:
+        yield ctx.passed(f"Evaluation waited for data {pct(frac)} of each evaluation step ({ms(wait)} per batch, "
+                         f"num_workers={loader.num_workers}).", **numbers, title="Evaluation data arrives in time")
+        return
+    rec = recommended_workers(loader.num_workers, wait, compute, cpus, on_cpu)
+    f = fetch_time(loader.num_workers, wait, compute)
+    predicted = max(compute, f / max(rec, 1))
+    if rec <= loader.num_workers or predicted >= wait + compute:
+        predicted = None
+    numbers.update(recommended_workers=rec, fetch_per_batch_s=round(f, 6),
+                   predicted_step_s=round(predicted, 6) if predicted else None)
+    sev = Severity.ERROR if frac >= ERROR_SHARE else Severity.WARNING
+    if rec <= loader.num_workers:
+        sev = Severity.INFO if on_cpu else sev
+        fix = "The workers already use the CPUs there are: make each batch cheaper (cache decoded data, a faster format)."
+        snippet = None
+    else:
+        fix = (f"Load evaluation batches in background worker processes: num_workers={rec} ({cpus} usable CPUs); "
+               f"each batch takes {ms(f)} to produce and the model needs one every {ms(compute)}"
+               + (f", so an evaluation step should drop from {ms(wait + compute)} to about {ms(predicted)}."
+                  if predicted else "."))
+        if on_cpu:
+            fix += " On a CPU-only run the workers share the cores with the model: compare both and keep the faster."
+        snippet = (f"val_loader = DataLoader(val_set, batch_size={loader.batch_size}, num_workers={rec}"
+                   + (")" if on_cpu else ", pin_memory=True)"))
+    yield ctx.finding(
+        severity=sev, title="Evaluation waits for data",
+        message=f"Evaluation waited for data {pct(frac)} of each evaluation step ({ms(wait)} of {ms(wait + compute)} "
+                f"per batch over {tp['steps']} batches) with num_workers={loader.num_workers} on {cpus} CPUs.",
+        evidence=numbers,
+        why="While the main process loads and collates the next evaluation batch, the model does nothing.",
+        fix=fix, snippet=snippet, location=loc(loader.location),
     )
 
 

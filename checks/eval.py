@@ -1,9 +1,10 @@
 """Evaluation checks."""
 from __future__ import annotations
 
-from diag.checks.api import check, Severity
+from diag.checks.api import check, cuda_device, fmt_seconds, median, Severity
 
-from ._perf import guide, short_file, size
+from ._perf import amdahl, cap_str, capability, guide, short_file, size
+from ._util import pct
 from ._util import loc
 
 
@@ -58,10 +59,11 @@ def eval_no_grad(ctx):
         rec = _graph_record(r, site.key)
         mem = rec.get("bytes")
         code = rec.get("code")
-        msg = (f"{count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled, "
+        mode = "train" if site.training else "eval"
+        msg = (f"{count} forward(s) of {site.module}{where} ran in {mode} mode with gradients enabled, "
                f"building an autograd graph through {trainable:,} trainable parameters"
                if trainable is not None else
-               f"{count} forward(s) of {site.module}{where} ran in eval mode with gradients enabled")
+               f"{count} forward(s) of {site.module}{where} ran in {mode} mode with gradients enabled")
         ratio = None
         if mem:
             msg += f" and keeping {size(mem)} of activations alive per forward"
@@ -89,3 +91,300 @@ def eval_no_grad(ctx):
                 "(a common cause of OOM during validation).",
             fix=fix, snippet=snippet, location=loc(site.location),
         )
+
+
+# ---------------------------------------------------------------------------------------------------
+# evaluation runs (docs/steps.md section 5: evaluation steps; README "Evaluation runs")
+
+AMP_MAX_SPEEDUP = 3.0        # the tuning guide's "up to 3x" for tensor-core matmuls
+FORWARD_WARN_SHARE = 0.30    # forwards under 30% of an evaluation step: bound elsewhere first (info)
+SMALL_EVAL_BATCH = 8         # an evaluation batch of at most 8 samples
+SMALL_MIN_STEPS = 16         # judged over at least this many evaluation batches
+SYNC_STEP_SHARE = 0.5        # host syncs in at least half the evaluation steps: per batch
+SYNC_MIN_STEPS = 4
+TRAIN_MODE_LAYERS = ("Dropout", "BatchNorm", "AlphaDropout", "FeatureAlphaDropout", "SyncBatchNorm")
+
+
+def eval_sites(r) -> list:
+    """The forward sites that evaluated: the sites of the evaluation steps, or (older evidence, an
+    evaluation run) every forward site that did not train. Most-called first."""
+    keys = {s.site for s in r.eval_steps if s.site}
+    sites = [s for s in r.forwards if s.key in keys and s.count > 0]
+    if not sites:
+        sites = r.eval_forward_sites() if (r.evaluations or r.eval_stats.count or r.run_kind() == "evaluation") else []
+    return sorted(sites, key=lambda s: -s.count)
+
+
+def _by_line(sites) -> list[list]:
+    groups: dict = {}
+    for s in sites:
+        key = (s.location or {}).get("file"), (s.location or {}).get("line")
+        groups.setdefault(key if key != (None, None) else s.key, []).append(s)
+    return sorted(groups.values(), key=lambda g: -sum(s.count for s in g))
+
+
+def _where(site) -> str:
+    return f" at {short_file(site.location)}" if site.location else ""
+
+
+@check(id="eval.inference-mode", title="Evaluation under no_grad where inference_mode would do", severity="info",
+       needs=["ranks.forwards", "ranks.eval_steps"], tags=["eval"],
+       docs="https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html")
+def eval_inference_mode(ctx):
+    """Evaluation forwards (the forwards of evaluation steps: between training steps, or in an
+    evaluation-only run) that ran under `torch.no_grad()` rather than `torch.inference_mode()`.
+    inference_mode also skips the version counters and view tracking that no_grad keeps, so it is a
+    little faster for the same results; its tensors cannot enter autograd later, which evaluation
+    never needs. Info, once per call site. Forwards inside a training step (a teacher under no_grad
+    whose output meets the student's graph) are not judged. The saving is not measured: one run runs
+    each forward one way only."""
+    r = ctx.evidence.primary
+    sites = eval_sites(r)
+    if not sites:
+        yield ctx.skip("No evaluation forward was observed.")
+        return
+    ng = [s for s in sites if not s.grad_enabled and not s.inference_mode and not s.training]
+    if not ng:
+        im = sum(s.count for s in sites if s.inference_mode)
+        yield ctx.passed(f"{im} of {sum(s.count for s in sites)} evaluation forward(s) ran under inference_mode; "
+                         "none under plain no_grad.", title="Evaluation under inference_mode")
+        return
+    tp = r.eval_throughput()
+    for group in _by_line(ng):
+        site = group[0]
+        count = sum(s.count for s in group)
+        yield ctx.finding(
+            severity=Severity.INFO,
+            message=f"{count} evaluation forward(s) of {site.module}{_where(site)} ran under torch.no_grad(); "
+                    "torch.inference_mode() gives the same results with less bookkeeping per tensor"
+                    + (f" (forwards take {pct(tp['forward_share'])} of the evaluation)" if tp else "")
+                    + "; the saving is not measured (one run runs each forward one way).",
+            evidence={"forwards": count, "module": site.module, "site": site.key,
+                      "forward_share": round(tp["forward_share"], 4) if tp else None},
+            why="no_grad stops graph building but still keeps version counters and view metadata on every "
+                "tensor; inference_mode drops them too. Evaluation never needs its outputs in autograd.",
+            fix=f"{short_file(site.location) or 'The evaluation loop'}: use torch.inference_mode() instead of "
+                "torch.no_grad() (as a context manager or as the evaluation function's decorator).",
+            snippet="model.eval()\nwith torch.inference_mode():\n    for x, y in val_loader:\n        out = model(x)",
+            location=loc(site.location),
+        )
+
+
+@check(id="eval.train-mode", title="Evaluation in train mode", severity="warning",
+       needs=["ranks.forwards", "ranks.models", "ranks.eval_steps"], tags=["eval"],
+       docs="https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.eval")
+def eval_train_mode(ctx):
+    """Evaluation forwards made with the model in training mode (`model.eval()` not called, or
+    `model.train()` called before evaluating): dropout drops activations at random and batch-norm
+    normalises with the batch's statistics and updates its running averages, so the evaluation's
+    numbers are wrong (and noisy) and evaluating changes the model. A warning with the call site when the
+    model has such layers; an info when it has none (nothing changes today, but a layer added later would).
+    Forwards whose output fed a backward are training, not evaluation."""
+    ev = ctx.evidence
+    r = ev.primary
+    sites = eval_sites(r)
+    if not sites:
+        yield ctx.skip("No evaluation forward was observed.")
+        return
+    bad = [s for s in sites if s.training and not s.backpropagated]
+    if not bad:
+        yield ctx.passed(f"{sum(s.count for s in sites)} evaluation forward(s) ran with the model in eval mode.",
+                         title="Evaluation in eval mode")
+        return
+    for group in _by_line(bad):
+        site = group[0]
+        count = sum(s.count for s in group)
+        model = r.model(site.model)
+        types = (model.module_types if model else {}) or {}
+        layers = {k: v for k, v in types.items() if any(k.endswith(t) or k.startswith(t) for t in TRAIN_MODE_LAYERS)
+                  or "Dropout" in k or "BatchNorm" in k}
+        sev = Severity.WARNING if layers or model is None else Severity.INFO
+        named = ", ".join(f"{n} x{c}" for n, c in sorted(layers.items())) if layers else ""
+        msg = (f"{count} evaluation forward(s) of {site.module}{_where(site)} ran with the model in training mode"
+               + (f": its {named} behave as in training ("
+                  + "; ".join(x for x in (
+                      "dropout drops activations at random" if any("Dropout" in k for k in layers) else "",
+                      "batch-norm normalises with the batch's statistics and updates its running averages"
+                      if any("BatchNorm" in k for k in layers) else "") if x)
+                  + "), so the evaluation's numbers are wrong"
+                  if layers else
+                  (": no dropout or batch-norm layer was found, so the numbers are right today, but a layer added "
+                   "later would change them" if model is not None else "")) + ".")
+        if site.grad_enabled and not site.inference_mode:
+            msg += (" They also ran with gradients enabled (no torch.no_grad()/inference_mode()): every one built "
+                    "an autograd graph for a backward that never came.")
+        yield ctx.finding(
+            severity=sev, message=msg,
+            evidence={"forwards": count, "module": site.module, "site": site.key, "layers": layers,
+                      "grad_enabled": site.grad_enabled},
+            why="Module.training switches dropout and batch-norm between their training and inference "
+                "behaviour; no_grad and inference_mode do not change it.",
+            fix=f"Call model.eval() before the evaluation loop{_where(site)}"
+                + (" and model.train() after it, before training resumes." if r.step_stats.count else "."),
+            snippet="model.eval()\nwith torch.inference_mode():\n    for x, y in val_loader:\n        out = model(x)"
+                    + ("\nmodel.train()" if r.step_stats.count else ""),
+            location=loc(site.location),
+        )
+
+
+@check(id="eval.small-batch", title="Small evaluation batches", severity="warning",
+       needs=["ranks.eval_steps", "ranks.forwards", "memory_plan"], tags=["eval", "throughput"],
+       docs=guide("disable-gradient-calculation-for-validation-or-inference"))
+def eval_small_batch(ctx):
+    """Evaluation runs many batches of at most 8 samples: every forward pays the per-call cost
+    (Python, operator dispatch, kernel launches) for a handful of samples, and evaluation keeps no
+    activations for a backward, so memory rarely limits its batch. Judged over at least 16 evaluation
+    steps; the measured samples/s and per-batch time are in the message. When the memory plan
+    estimated the largest evaluation batch and it is under 2x the observed one, passes (no memory to
+    spare); memory.eval-batch reports the estimated largest batch."""
+    ev = ctx.evidence
+    r = ev.primary
+    tp = r.eval_throughput()
+    if tp is None:
+        yield ctx.skip("No evaluation step was observed.")
+        return
+    batches = [s.samples for s in r.eval_steps if s.samples]
+    if not batches:
+        yield ctx.skip("The evaluation steps' batch size is unknown (no tensor input with a batch dimension).")
+        return
+    batch = int(median(batches))
+    verdict = ev.memory_plan.get("verdict") if isinstance(ev.memory_plan, dict) else None
+    max_eval = (verdict or {}).get("max_eval_batch")
+    numbers = {"eval_batch": batch, "eval_steps": tp["steps"], "samples_per_s": tp["samples_per_s"],
+               "median_step_s": tp["median_step_s"], "max_eval_batch": max_eval}
+    if batch > SMALL_EVAL_BATCH:
+        yield ctx.passed(f"Evaluation runs at batch {batch}.", **numbers, title="Evaluation batches are not small")
+        return
+    if tp["steps"] < SMALL_MIN_STEPS:
+        yield ctx.passed(f"Evaluation ran {tp['steps']} batch(es) of {batch}: too few to matter.", **numbers)
+        return
+    if max_eval is not None and max_eval < 2 * batch:
+        yield ctx.passed(f"Evaluation runs at batch {batch}; the memory plan says at most {max_eval} fits.", **numbers)
+        return
+    site = next(iter(eval_sites(r)), None)
+    loaders = r.eval_loaders()
+    where = loaders[0].location if loaders and loaders[0].location else (site.location if site else None)
+    sps = tp["samples_per_s"]
+    target = 64 if max_eval is None else max(2 * batch, min(1 << (int(max_eval).bit_length() - 1), 1024))
+    yield ctx.finding(
+        severity=Severity.WARNING,
+        message=f"Evaluation ran {tp['steps']} batches of {batch} sample(s)"
+                + (f" at {sps:,.0f} samples/s" if sps else "")
+                + f" ({fmt_seconds(tp['median_step_s'])} per batch): each forward pays its fixed per-call cost "
+                  f"for {batch} sample(s)"
+                + (f", and up to {max_eval:,} fit (memory plan)." if max_eval else
+                   ", and an evaluation forward keeps no activations for a backward, so a much larger batch fits."),
+        evidence=numbers,
+        why="Per-forward overhead (Python, dispatch, kernel launches; on a GPU, a nearly idle device) is paid per "
+            "batch: larger evaluation batches spread it over more samples.",
+        fix=f"Give the evaluation DataLoader batch_size={target} (or the largest that fits: `diag memory`).",
+        snippet=f"val_loader = DataLoader(val_set, batch_size={target}, shuffle=False)",
+        location=loc(where),
+    )
+
+
+@check(id="eval.host-sync", title="Host syncs on every evaluation batch", severity="warning",
+       needs=["ranks.eval_steps", "ranks.eval_stats", "ranks.models"], tags=["eval", "sync"],
+       docs=guide("avoid-unnecessary-cpu-gpu-synchronization"))
+def eval_host_sync(ctx):
+    """`.item()`, `.tolist()`, `.cpu()` or `.numpy()` called outside the forward in at least half of
+    the evaluation steps (per batch), located at the user's line. On a GPU each one waits for the
+    device to finish the batch before the host may queue the next: the GPU idles once per batch
+    (warning). On a CPU-only run the call costs little, but the same loop on a GPU pays it (info).
+    Fix: accumulate metrics on the device and convert once after the loop."""
+    ev = ctx.evidence
+    r = ev.primary
+    st = r.eval_stats
+    if st.count < SYNC_MIN_STEPS:
+        yield ctx.skip(f"Fewer than {SYNC_MIN_STEPS} evaluation steps were observed ({st.count}).")
+        return
+    share = st.steps_with_syncs / st.count
+    numbers = {"eval_steps": st.count, "steps_with_syncs": st.steps_with_syncs, "host_syncs": st.host_syncs,
+               "share": round(share, 4), "sites": st.sync_sites[:5]}
+    if share < SYNC_STEP_SHARE:
+        yield ctx.passed(f"{st.steps_with_syncs} of {st.count} evaluation step(s) called .item()/.cpu() "
+                         "outside the forward.", **numbers, title="No per-batch host syncs in evaluation")
+        return
+    site = max(st.sync_sites, key=lambda s: s.get("calls", 0)) if st.sync_sites else None
+    sites = eval_sites(r)
+    on_cuda = any(str(d).startswith("cuda") for s in sites for m in [r.model(s.model)] if m for d in m.devices)
+    op = f".{site['op']}()" if site else ".item()"
+    where = f" at {short_file(site)}" if site else ""
+    yield ctx.finding(
+        severity=Severity.WARNING if on_cuda else Severity.INFO,
+        message=f"{st.steps_with_syncs} of {st.count} evaluation steps called {op}{where} "
+                f"({st.host_syncs} host sync(s) in all): "
+                + ("each one makes the host wait for the GPU to finish the batch before it can queue the next."
+                   if on_cuda else
+                   "on this CPU-only run that costs little, but on a GPU each one stalls the device once per batch."),
+        evidence={**numbers, "cuda": on_cuda},
+        why="A tensor's value on the host needs the device's work to be done: a per-batch .item() serialises "
+            "the host and the GPU.",
+        fix="Accumulate the metric in a tensor on the device and read it once after the loop.",
+        snippet="total = torch.zeros((), device=device)\nfor x, y in val_loader:\n    total += loss_fn(model(x), y)\n"
+                "loss = total.item() / len(val_loader.dataset)   # one sync",
+        location=loc({"file": site["file"], "line": site["line"], "function": site.get("function")} if site else None),
+    )
+
+
+@check(id="eval.amp", title="Evaluation in fp32 on a GPU with tensor cores", severity="warning",
+       needs=["ranks.forwards", "ranks.models", "environment.devices", "ranks.eval_steps"], tags=["eval", "amp", "gpu"],
+       docs=guide("use-mixed-precision-and-amp"))
+def eval_amp(ctx):
+    """Evaluation forwards run in fp32 (no autocast, fp32 parameters) on a CUDA device whose tensor
+    cores take bf16 (compute capability >= 8.0) or fp16 (>= 7.0). Evaluation needs no GradScaler:
+    `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 before Ampere) around the loop is the whole
+    change. The gain is bounded with Amdahl's law (the tuning guide's "up to 3x") from the share of
+    the evaluation steps that is not data wait or host-to-device copies (host clock: the device's
+    forward time surfaces where the host next waits for it). Warning when that share is >= 30%, info
+    below. Skipped when evaluation runs on the CPU."""
+    ev = ctx.evidence
+    r = ev.primary
+    sites = eval_sites(r)
+    if not sites:
+        yield ctx.skip("No evaluation forward was observed.")
+        return
+    models = [m for s in sites for m in [r.model(s.model)] if m is not None]
+    dev = cuda_device(ev, models)
+    if dev is None:
+        kinds = sorted({str(d).split(":")[0] for m in models for d in m.devices}) or ["cpu"]
+        yield ctx.skip(f"The evaluation runs on {', '.join(kinds)}: this check is about CUDA tensor cores "
+                       "(see amp.availability for what this machine supports).")
+        return
+    cap = capability(dev)
+    if cap is not None and cap < (7, 0):
+        yield ctx.passed(f"{dev.name} (compute capability {cap_str(cap)}) has no tensor cores.",
+                         capability=cap_str(cap), title="No tensor cores to use")
+        return
+    if any(s.autocast for s in sites) or any(set(m.dtypes) & {"float16", "bfloat16"} for m in models):
+        dt = sorted({s.autocast for s in sites if s.autocast} | {d for m in models for d in m.dtypes
+                                                                  if d in ("float16", "bfloat16")})
+        yield ctx.passed(f"Evaluation runs in {', '.join(dt)}.", title="Evaluation in reduced precision")
+        return
+    bf16 = cap is None or cap >= (8, 0)
+    dtype = "bfloat16" if bf16 else "float16"
+    tp = r.eval_throughput()
+    st = r.eval_stats
+    # host clock: a CUDA forward returns when its kernels are queued, and the device's time surfaces
+    # where the host next waits for it (a .item(), the next copy), so the share the device may be busy
+    # is bounded by everything but the data wait and the copies
+    share = ((st.forward_s + st.other_s) / st.total_s) if tp and st.total_s > 0 else None
+    gain = amdahl(share, AMP_MAX_SPEEDUP) if share is not None else None
+    site = sites[0]
+    sev = Severity.WARNING if share is None or share >= FORWARD_WARN_SHARE else Severity.INFO
+    yield ctx.finding(
+        severity=sev,
+        message=f"Evaluation forwards{_where(site)} run in float32 on {dev.name} (compute capability "
+                f"{cap_str(cap)}), whose tensor cores take {dtype}"
+                + (f": forwards and what waits on them are {pct(share)} of the evaluation time (host clock), so "
+                   f"evaluation could run up to {gain:.1f}x faster." if gain else "."),
+        evidence={"device": dev.name, "capability": cap_str(cap), "recommended_dtype": dtype,
+                  "forward_share": round(share, 4) if share is not None else None,
+                  "max_speedup": round(gain, 3) if gain else None, "site": site.key},
+        why="Tensor cores run half-precision matrix multiplies several times faster than fp32; evaluation has "
+            "no gradients to underflow, so it needs no GradScaler.",
+        fix=f"Run the evaluation loop under torch.autocast(\"cuda\", dtype=torch.{dtype}) inside inference_mode.",
+        snippet=f"with torch.inference_mode(), torch.autocast(\"cuda\", dtype=torch.{dtype}):\n"
+                "    for x, y in val_loader:\n        out = model(x.cuda(non_blocking=True))",
+        location=loc(site.location),
+    )

@@ -438,7 +438,8 @@ def memory_eval_batch(ctx):
     backward there are no saved activations and no gradients, so far more samples fit per forward
     (the seed article's "optimal eval batch size", found by bisection on the estimate instead of
     trial OOMs). Needs the estimate (`diag memory`, or `DIAG_MEMORY_ESTIMATE=1` with a CUDA device
-    or DIAG_MEMORY_CAPACITY)."""
+    or DIAG_MEMORY_CAPACITY). In an evaluation-only run the estimate replays the evaluation forward
+    itself (`mode: "eval"`)."""
     ev = ctx.evidence
     r = ev.primary
     sites = [s for s in r.forwards if not s.training and (not s.grad_enabled or s.inference_mode)
@@ -456,7 +457,8 @@ def memory_eval_batch(ctx):
         return
     site = max(sites, key=lambda s: s.count)
     eval_b = int(site.input_shapes[0][0])
-    train_b = _batch_at(r)
+    # an evaluation-only run has no training batch (its estimate replayed the evaluation forward)
+    train_b = None if est.get("mode") == "eval" or r.step_stats.count == 0 else _batch_at(r)
     max_eval = int(evp["max_batch"])
     device = est.get("capacity_source") or "the target device"
     evidence = {"eval_batch": eval_b, "train_batch": train_b, "max_eval_batch": max_eval,

@@ -49,7 +49,9 @@ def run_failed(ctx):
        needs=["ranks.steps", "ranks.forwards"], tags=["run"])
 def run_no_steps(ctx):
     """No training step was observed: no optimizer.step() and no backward() through a model's
-    output. Usually the wrong script, a script that exits early, or training code diag cannot see
+    output. An evaluation or batch-inference run (forwards that do not train, no backward and no
+    optimizer: `Evidence.run_kind()` is `evaluation`) passes: it is judged by the eval.* checks.
+    Usually the wrong script, a script that exits early, or training code diag cannot see
     (a model that is not a torch.nn.Module). When the main process only started child processes that
     trained (Hogwild with torch.multiprocessing, fork or spawn: diag follows them), an info that says
     so, with each child's step count, instead of an error."""
@@ -61,6 +63,17 @@ def run_no_steps(ctx):
     if total > 0:
         yield ctx.passed(f"{total} training step(s) observed.",
                      steps=total, title="Training steps observed")
+        return
+    if ev.run_kind() == "evaluation":
+        # an evaluation or batch-inference script: judged as one (the eval.* checks), not as a failure
+        r = ev.primary
+        tp = r.eval_throughput()
+        forwards = sum(s.count for s in r.forwards)
+        yield ctx.passed(
+            f"An evaluation run: {forwards} forward(s) without a training step"
+            + (f" ({tp['steps']} evaluation step(s), {tp['batches_per_s']:.1f} batches/s)." if tp else "."),
+            kind="evaluation", forwards=forwards, eval_steps=tp["steps"] if tp else 0,
+            title="Evaluation run (no training expected)")
         return
     kids = [c for r in ev.ranks for c in r.children]
     child_steps = sum(c.steps for c in kids)

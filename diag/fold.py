@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.evidence import (MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, ChildProcess, DataLoaderInfo,
-                           EvaluationPass, FrameworkInfo,
+                           EvalStepRecord, EvaluationPass, FrameworkInfo,
                            Environment, Evidence, ExceptionInfo, ForwardSite, ModelInfo, OptimizerInfo,
                            RankEvidence, SchemaError, Section, StepRecord, _from_dict, build)
 from diag.evidence import events as E
@@ -92,6 +92,33 @@ def _fold(ev: Evidence, event: dict[str, Any]) -> None:
         r.evaluations.append(_from_dict(EvaluationPass, data))
         if len(r.evaluations) > MAX_LIST_SECTION:
             del r.evaluations[0]
+    elif kind == E.EVAL_STEP:
+        counts = data.pop("forward_counts", None)
+        if counts:
+            _apply_counts(r, counts)
+        es = _from_dict(EvalStepRecord, data)
+        es.t = t or 0.0
+        r.eval_steps.append(es)
+        if len(r.eval_steps) > MAX_STEPS_KEPT:
+            del r.eval_steps[: len(r.eval_steps) - MAX_STEPS_KEPT]
+        st = r.eval_stats
+        st.count += 1
+        if not es.instrumented:
+            st.timed += 1
+            st.total_s += es.total_s
+            st.data_s += es.data_s
+            st.h2d_s += es.h2d_s
+            st.forward_s += es.forward_s
+            st.other_s += es.other_s
+            st.forwards += es.forwards
+            st.samples += es.samples or 0
+            st.tokens += es.tokens or 0
+        st.host_syncs += es.host_syncs
+        st.steps_with_syncs += 1 if es.host_syncs else 0
+    elif kind == E.EVAL_SYNCS:
+        sites = data.get("sites")
+        if isinstance(sites, list):
+            r.eval_stats.sync_sites = [dict(x) for x in sites[:10] if isinstance(x, dict)]
     elif kind == E.FRAMEWORK:
         r.framework = _from_dict(FrameworkInfo, data)
     elif kind == E.CHILD:

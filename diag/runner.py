@@ -649,6 +649,7 @@ class Run:
                         run.stop_reason = r.extras["end_reason"]
                         break
             run.exit_code = returncode if returncode is None or returncode >= 0 else None
+            run.kind = ev.run_kind()
             notice = self._finalise_ranks() if self.config.nproc_per_node else None
             if not self.run_dir.is_dir():
                 # the script removed its own run directory: say so instead of "completed · 0 steps"

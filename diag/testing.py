@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.evidence import (DataLoaderInfo, DeviceInfo, Evidence, ExceptionInfo, ForwardSite, ModelInfo,
-                           StepRecord)
+from diag.evidence import (DataLoaderInfo, DeviceInfo, EvalStepRecord, Evidence, ExceptionInfo, ForwardSite,
+                           ModelInfo, StepRecord)
 from diag.findings import Finding
 
 __all__ = ["EvidenceBuilder", "run_check"]
@@ -109,6 +109,71 @@ class EvidenceBuilder:
         for site in r.forwards:
             if site.in_step:
                 site.count = r.step_stats.count
+        self.ev.run.wall_s = (self.ev.run.wall_s or 0.0) + n * total_s
+        return self
+
+    def eval_model(self, cls: str = "Net", device: str = "cpu", params: int = 1_000_000, dtype: str = "float32",
+                   training: bool = False, grad_enabled: bool = False, inference_mode: bool = True,
+                   autocast: str | None = None, input_shape: list[int] | None = None, line: int = 20,
+                   module_types: dict | None = None, **fields: Any) -> "EvidenceBuilder":
+        """A model and its top-level evaluation forward (not ``in_step``) on ``device``; the site's key
+        is ``s<model id>e`` (what :meth:`eval_steps` names by default)."""
+        r = self._rank
+        mid = len(r.models) + 1
+        r.models.append(ModelInfo(id=mid, cls=cls, params_total=params, params_trainable=params,
+                                  param_bytes=params * 4, dtypes=[dtype], devices=[device],
+                                  module_types=dict(module_types or {}), **fields))
+        r.forwards.append(ForwardSite(
+            key=f"s{mid}e", model=mid, module=cls,
+            location={"file": "evaluate.py", "line": line, "function": "evaluate"}, count=0,
+            training=training, grad_enabled=grad_enabled, inference_mode=inference_mode, in_step=False,
+            autocast=autocast, autocast_device=device.split(":")[0] if autocast else None,
+            output_requires_grad=grad_enabled, input_shapes=[input_shape] if input_shape else [], input_dtypes=[]))
+        return self
+
+    def cuda_eval(self, device: str = "NVIDIA A100-SXM4-80GB", capability: tuple[int, int] = (8, 0),
+                  total_memory: int = 80 << 30, **model: Any) -> "EvidenceBuilder":
+        """A CUDA device in the environment and a model evaluated on it."""
+        env = self.ev.environment
+        env.cuda, env.cuda_available = env.cuda or "12.4", True
+        env.devices.append(DeviceInfo(index=len(env.devices), name=device, type="cuda",
+                                      capability=list(capability), total_memory=total_memory))
+        env.device_count = len(env.devices)
+        return self.eval_model(device=f"cuda:{len(env.devices) - 1}", **model)
+
+    def eval_steps(self, n: int, total_s: float = 0.01, data_s: float = 0.0, forward_s: float | None = None,
+                   h2d_s: float = 0.0, samples: int | None = None, tokens: int | None = None,
+                   site: str | None = None, host_syncs: int = 0, pass_index: int = 1) -> "EvidenceBuilder":
+        """``n`` evaluation steps of equal timing (seconds), as the probe folds them: the forward takes
+        the rest after data and h2d by default. ``site``: the forward site (the last evaluation model's)."""
+        r = self._rank
+        if site is None:
+            evals = [f for f in r.forwards if not f.in_step]
+            site = evals[-1].key if evals else None
+        fwd = max(0.0, total_s - data_s - h2d_s) if forward_s is None else forward_s
+        other = total_s - data_s - h2d_s - fwd
+        start = len(r.eval_steps)
+        st = r.eval_stats
+        for i in range(n):
+            r.eval_steps.append(EvalStepRecord(index=start + i + 1, pass_index=pass_index,
+                                               t=(start + i + 1) * total_s, total_s=total_s, data_s=data_s,
+                                               h2d_s=h2d_s, forward_s=fwd, other_s=other, forwards=1,
+                                               samples=samples, tokens=tokens, site=site, host_syncs=host_syncs))
+            st.count += 1
+            st.timed += 1
+            st.total_s += total_s
+            st.data_s += data_s
+            st.h2d_s += h2d_s
+            st.forward_s += fwd
+            st.other_s += other
+            st.forwards += 1
+            st.samples += samples or 0
+            st.tokens += tokens or 0
+            st.host_syncs += host_syncs
+            st.steps_with_syncs += 1 if host_syncs else 0
+        for f in r.forwards:
+            if f.key == site:
+                f.count += n
         self.ev.run.wall_s = (self.ev.run.wall_s or 0.0) + n * total_s
         return self
 

@@ -54,7 +54,8 @@ def add_run_arguments(p: argparse.ArgumentParser, script_required: bool = False)
     g.add_argument("--script", metavar="PATH", required=script_required,
                    help="the training script to run, unchanged, under the probe")
     g.add_argument("--steps", type=positive_int, metavar="N",
-                   help="stop the script after N training steps (default: run to its end)")
+                   help="stop the script after N training steps (evaluation steps in a script that only "
+                        "evaluates; default: run to its end)")
     g.add_argument("--max-time", type=positive_float, metavar="SECONDS",
                    help="stop the script after this many seconds (default: no limit)")
     g.add_argument("--run-dir", metavar="DIR",

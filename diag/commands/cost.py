@@ -18,6 +18,7 @@ examples:
   diag cost --params 1B --tokens 20B --gpu H100 --count 8 --phases explore:0.1x4,tune:0.5x2,full:1
   diag cost --from .diag/runs/<id>/evidence.json --epochs 3                  extrapolate the measured run
   diag cost --from .diag/runs/<id>/evidence.json --tokens 2B --gpu H100 --count 8
+  diag cost --from .diag/runs/<id>/evidence.json --eval-samples 1M          an evaluation set, at the measured rate
   diag cost --list-gpus                                                      the catalogue, with sources
 
 numbers accept suffixes: 7B = 7e9, 1.4T = 1.4e12, 500M, 20k. MFU accepts 0.4 or 40%.
@@ -32,7 +33,10 @@ def add_arguments(p) -> None:
     w.add_argument("--tokens", metavar="D", help="training tokens (with --from: tokens to extrapolate to)")
     w.add_argument("--samples", metavar="S", help="with --from: training samples to extrapolate to")
     w.add_argument("--epochs", metavar="E", help="with --from: epochs over the run's dataset")
-    w.add_argument("--eval-tokens", metavar="D", help="evaluation tokens (forward only, 2·N·D)")
+    w.add_argument("--eval-tokens", metavar="D", help="evaluation tokens (forward only, 2·N·D; with --from an "
+                   "evaluation run: priced at its measured evaluation throughput)")
+    w.add_argument("--eval-samples", metavar="N", help="with --from: evaluation samples, priced at the run's "
+                   "measured evaluation throughput")
     w.add_argument("--from", dest="from_path", metavar="EVIDENCE",
                    help="a measured run (evidence.json or its run directory): use its FLOPs and throughput")
     a = p.add_argument_group("architecture (optional: adds PaLM's attention term 12·L·H·Q·T per token)")
@@ -93,9 +97,18 @@ def run(args) -> int:
     if args.compare is not None and args.phases is not None:
         raise DiagError("use --compare or --phases, not both")
 
+    if args.eval_samples is not None and not args.from_path:
+        raise DiagError("--eval-samples needs --from evidence.json (a run that evaluated); without one use "
+                        "--params with --eval-tokens")
     measured = None
     if args.from_path:
         from diag.evidence import load_evidence
+
+        evidence = load_evidence(args.from_path)
+        no_training_target = all(getattr(args, o) is None for o in ("tokens", "samples", "epochs"))
+        if args.eval_samples is not None or (args.eval_tokens is not None and no_training_target) or (
+                no_training_target and evidence.run_kind() == "evaluation"):
+            return _run_eval(args, evidence, cat, mfu, price, count)
 
         if args.params is not None:
             raise DiagError("--params comes from the measured run with --from; leave it out")
@@ -103,7 +116,7 @@ def run(args) -> int:
             raise DiagError("--layers/--heads/--head-dim/--seq-len do not apply with --from (the FLOPs are measured)")
         if args.recompute != "none":
             raise DiagError("--recompute does not apply with --from (recomputation is detected in the measured step)")
-        measured = from_evidence(load_evidence(args.from_path))
+        measured = from_evidence(evidence)
     else:
         if args.params is None:
             raise DiagError("give --params and --tokens (or --from evidence.json to use a measured run)")
@@ -173,12 +186,62 @@ def run(args) -> int:
         d = {"kind": "estimate", **e.to_dict()}
         if measured is not None:
             d["measured"] = measured.to_dict()
+            from diag.cost.eval import eval_frequency
+
+            freq = eval_frequency(evidence, price=price, gpu=args.gpu, count=count, catalog=cat)
+            if freq is not None:
+                d["eval_frequency"] = freq.to_dict()
         json.dump(d, out, indent=1, allow_nan=False)
         out.write("\n")
     else:
         if measured is not None:
             render_measured(measured, out)
         render_estimate(e, out)
+        if measured is not None:
+            from diag.cost.eval import eval_frequency
+            from diag.report.cost_eval import render_frequency
+
+            freq = eval_frequency(evidence, price=price, gpu=args.gpu, count=count, catalog=cat)
+            if freq is not None:
+                render_frequency(freq, out)
+    return 0
+
+
+def _run_eval(args, evidence, cat, mfu, price, count) -> int:
+    """``diag cost --from RUN --eval-samples N | --eval-tokens N``: an evaluation set priced at the run's
+    measured evaluation throughput, with the evaluation-frequency table for a training run."""
+    from diag.cost.estimate import CostError
+    from diag.cost.eval import estimate_eval, eval_frequency, eval_from_evidence
+    from diag.report.cost_eval import render_eval, render_frequency
+
+    if args.params is not None:
+        raise CostError("--params comes from the measured run with --from; leave it out")
+    if args.compare is not None or args.phases is not None:
+        raise CostError("--compare and --phases price training; for evaluation use --gpu/--count")
+    if args.eval_samples is not None and args.eval_tokens is not None:
+        raise CostError("give --eval-samples or --eval-tokens, not both")
+    m = eval_from_evidence(evidence, catalog=cat)
+    est = None
+    if args.eval_samples is None and args.eval_tokens is None:
+        if evidence.run_kind() == "evaluation":
+            raise CostError(f"this is an evaluation run: give --eval-{m.unit} N to price an evaluation set "
+                            f"(measured: {m.units_per_s:,.1f} {m.unit}/s)")
+    else:
+        unit = "samples" if args.eval_samples is not None else "tokens"
+        est = estimate_eval(m, args.eval_samples if unit == "samples" else args.eval_tokens, unit=unit,
+                            gpu=args.gpu, count=count, mfu=mfu, price=price, precision=args.precision, catalog=cat)
+    freq = eval_frequency(evidence, price=price, gpu=args.gpu, count=count, catalog=cat)
+    out = sys.stdout
+    if args.format == "json":
+        d = {"kind": "eval", "measured": m.to_dict(), "estimate": est.to_dict() if est else None,
+             "frequency": freq.to_dict() if freq else None}
+        _refuse_overflow(d)
+        json.dump(d, out, indent=1, allow_nan=False)
+        out.write("\n")
+        return 0
+    render_eval(m, est, out)
+    if freq is not None:
+        render_frequency(freq, out)
     return 0
 
 

@@ -42,7 +42,7 @@ from diag.evidence.distributed import DistributedSection
 from diag.evidence.document import (MAX_DEPTH, MAX_EVIDENCE_BYTES, READABLE_VERSIONS, SCHEMA_VERSION, Evidence,
                                     _json_default, load_evidence)
 from diag.evidence.environment import DeviceInfo, Environment
-from diag.evidence.evaluation import ChildProcess, EvaluationPass, FrameworkInfo
+from diag.evidence.evaluation import ChildProcess, EvalStepRecord, EvalStepStats, EvaluationPass, FrameworkInfo
 from diag.evidence.extras import ExtrasSection
 from diag.evidence.flops import FlopsMeasured, FlopsSection
 from diag.evidence.gpu import GpuTelemetry
@@ -70,6 +70,6 @@ __all__ = [
     "RankEvidence", "StepRecord", "StepStats", "DataLoaderInfo", "ModelInfo", "ForwardSite", "OptimizerInfo",
     "ExceptionInfo", "MemorySection", "MemoryDevice", "FlopsSection", "FlopsMeasured", "AmpSection",
     "SyncSection", "DistributedSection", "ExtrasSection", "ProbeSection", "TimelineSection", "GpuTelemetry", "MemoryPlan", "Section",
-    "SchemaError", "EvaluationPass", "FrameworkInfo", "ChildProcess", "load_evidence", "median", "build",
+    "SchemaError", "EvaluationPass", "EvalStepRecord", "EvalStepStats", "FrameworkInfo", "ChildProcess", "load_evidence", "median", "build",
     "_json_default", "_from_dict", "_median",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from diag.evidence import (SCHEMA_VERSION, AmpSection, ChildProcess, EvaluationPass, FrameworkInfo, DataLoaderInfo, DeviceInfo, DistributedSection, Environment,
+from diag.evidence import (SCHEMA_VERSION, AmpSection, ChildProcess, EvalStepRecord, EvalStepStats, EvaluationPass, FrameworkInfo, DataLoaderInfo, DeviceInfo, DistributedSection, Environment,
                            Evidence, ExceptionInfo, ExtrasSection, FlopsMeasured, FlopsSection, ForwardSite,
                            GpuTelemetry, MemoryDevice, MemoryPlan, MemorySection, ModelInfo, OptimizerInfo,
                            ProbeSection, RankEvidence, RunInfo, StepRecord, StepStats, SyncSection, TimelineSection)
@@ -92,6 +92,8 @@ SECTIONS = [
     (OptimizerInfo, "OptimizerInfo", "`ranks[i].optimizers[j]`"),
     (ExceptionInfo, "ExceptionInfo", "`ranks[i].exceptions[j]` (at most 20)"),
     (EvaluationPass, "EvaluationPass", "`ranks[i].evaluations[j]`"),
+    (EvalStepRecord, "EvalStepRecord", "`ranks[i].eval_steps[j]`"),
+    (EvalStepStats, "EvalStepStats", "`ranks[i].eval_stats`"),
     (FrameworkInfo, "FrameworkInfo", "`ranks[i].framework`"),
     (ChildProcess, "ChildProcess", "`ranks[i].children[j]`"),
     (MemorySection, "MemorySection", "`ranks[i].memory` (nested records: [memory.md](memory.md))"),

@@ -68,6 +68,13 @@ class Evidence:
         self.ranks.sort(key=lambda x: x.rank)
         return r
 
+    def run_kind(self) -> str:
+        """training | evaluation | training+evaluation | none: what the run did, judged from what was
+        observed in rank 0 (``RankEvidence.run_kind``); ``run.kind`` records it when the run ends."""
+        if not self.ranks:
+            return self.run.kind or "none"
+        return self.primary.run_kind()
+
     @property
     def multi_rank(self) -> bool:
         return len(self.ranks) > 1

@@ -20,6 +20,45 @@ class EvaluationPass:
 
 
 @dataclass
+class EvalStepRecord:
+    """One evaluation step: one forward of the model on one batch (docs/steps.md, section 5).
+    ``data_s + h2d_s + forward_s + other_s == total_s``."""
+    index: int = 0                  # 1-based evaluation step number over the run
+    pass_index: int = 0             # the evaluation pass it belongs to (EvaluationPass.index)
+    t: float = 0.0                  # seconds since the rank's probe started, at the step's end
+    total_s: float = 0.0            # from the previous evaluation step's end (or the pass's start) to this one's end
+    data_s: float = 0.0             # waiting in DataLoader.__next__ for this step's batch
+    h2d_s: float = 0.0              # host-to-device copies of the batch (Tensor.to/.cuda to a CUDA device) before the forward
+    forward_s: float = 0.0          # the step's evaluation forwards
+    other_s: float = 0.0            # the rest: post-processing between forwards (metrics, .item(), logging)
+    forwards: int = 0               # forwards in the step (several models or call sites on one batch)
+    samples: int | None = None      # the batch: dim 0 of the first forward's input
+    tokens: int | None = None       # samples x sequence length, for integer (token) inputs
+    site: str | None = None         # ForwardSite.key of the step's first forward
+    host_syncs: int = 0             # .item()/.tolist()/.cpu()/.numpy() calls outside the forward (per-batch host syncs)
+    instrumented: bool = False      # its forward ran under FlopCounterMode (flops.eval): left out of timing
+
+
+@dataclass
+class EvalStepStats:
+    """Aggregates over every evaluation step (not just the kept ones); timing, samples and tokens
+    sum the timed steps (an instrumented one left out)."""
+    count: int = 0                  # evaluation steps observed
+    timed: int = 0                  # steps in the sums below
+    total_s: float = 0.0
+    data_s: float = 0.0
+    h2d_s: float = 0.0
+    forward_s: float = 0.0
+    other_s: float = 0.0
+    forwards: int = 0
+    samples: int = 0
+    tokens: int = 0
+    host_syncs: int = 0             # host syncs over every evaluation step
+    steps_with_syncs: int = 0       # evaluation steps with at least one host sync
+    sync_sites: list[dict] = field(default_factory=list)  # where they were called ({file, line, function, calls, op}), top 10
+
+
+@dataclass
 class FrameworkInfo:
     name: str = ""                  # transformers, lightning, accelerate
     version: str | None = None      # the package's version

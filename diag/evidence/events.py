@@ -15,6 +15,8 @@ OPTIMIZER = "optimizer"         # OptimizerInfo fields (cumulative)
 EXCEPTION = "exception"         # ExceptionInfo fields
 END = "end"                     # status, exit_code, reason, steps
 EVALUATION = "evaluation"       # EvaluationPass fields (one evaluation pass between training steps)
+EVAL_STEP = "eval_step"         # EvalStepRecord fields (one evaluation forward on one batch)
+EVAL_SYNCS = "eval_syncs"       # {sites: [...]}: where per-batch host syncs were made in evaluation
 FRAMEWORK = "framework"         # FrameworkInfo fields (the training framework, once)
 CHILD = "child"                 # ChildProcess fields (a child process that trained; at its end)
 PROBE_ERROR = "probe_error"     # where, error, traceback (a probe hook failed; the run went on)
@@ -24,7 +26,7 @@ MERGE = "merge"                 # {path: "memory", value: {...}}: update an obje
 
 SECTION_EVENTS = (SET, APPEND, MERGE)
 ALL = (START, ENV, MODEL, FORWARD_SITE, FORWARD_COUNTS, STEP, DATALOADER, OPTIMIZER, EXCEPTION, END,
-       EVALUATION, FRAMEWORK, CHILD, PROBE_ERROR, SET, APPEND, MERGE)
+       EVALUATION, EVAL_STEP, EVAL_SYNCS, FRAMEWORK, CHILD, PROBE_ERROR, SET, APPEND, MERGE)
 
 # Rank sections addressable by set/append/merge paths ("memory.steps", "extras.perf", ...).
 SECTIONS = ("memory", "flops", "amp", "sync", "distributed", "extras", "probe", "timeline")

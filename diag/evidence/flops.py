@@ -49,6 +49,8 @@ class FlopsSection(Section):
     measured: FlopsMeasured | None = None  # the counted step
     achieved: dict[str, Any] | None = None  # achieved FLOP/s over the timed steps, as the probe summarised
                                         # them (MFU in it is schema 1 only: diag re-judges)
+    eval: dict[str, Any] | None = None  # evaluation-only runs: FLOPs of one evaluation forward ({flops, samples, tokens,
+                                        # params, eval_step, device, device_name, precision, analytic_flops: 2 x N x D})
 
 
 # ---- achieved throughput (pure arithmetic; used by the probe and by diag.cost.measured) ----------------

@@ -8,7 +8,7 @@ from diag.evidence._schema import median
 from diag.evidence.amp import AmpSection
 from diag.evidence.dataloaders import DataLoaderInfo
 from diag.evidence.distributed import DistributedSection
-from diag.evidence.evaluation import ChildProcess, EvaluationPass, FrameworkInfo
+from diag.evidence.evaluation import ChildProcess, EvalStepRecord, EvalStepStats, EvaluationPass, FrameworkInfo
 from diag.evidence.extras import ExtrasSection
 from diag.evidence.flops import FlopsSection
 from diag.evidence.memory import MemorySection
@@ -49,6 +49,8 @@ class RankEvidence:
     backward_calls: int = 0               # backward passes through a model's output
     exceptions: list[ExceptionInfo] = field(default_factory=list)  # exceptions (at most 20)
     evaluations: list[EvaluationPass] = field(default_factory=list)  # evaluation passes between training steps
+    eval_steps: list[EvalStepRecord] = field(default_factory=list)  # evaluation steps (one forward on one batch), newest MAX_STEPS_KEPT
+    eval_stats: EvalStepStats = field(default_factory=EvalStepStats)  # sums over every evaluation step
     framework: FrameworkInfo | None = None  # the training framework that drives the loop, when one does
     children: list[ChildProcess] = field(default_factory=list)  # child processes that trained (Hogwild)
     # Sections filled by probe extensions (typed: diag/evidence/<section>.py; docs/evidence.md).
@@ -134,6 +136,80 @@ class RankEvidence:
                 "forwards": sum(e.forwards for e in self.evaluations),
                 "data_wait_s": sum(e.data_wait_s for e in self.evaluations),
                 "batches": sum(e.batches for e in self.evaluations)}
+
+    def run_kind(self) -> str:
+        """What this process did, from what was observed: ``training`` (training steps, no
+        evaluation), ``evaluation`` (forwards that did not train and no training step: an evaluation
+        or batch-inference script), ``training+evaluation`` (training with evaluation passes between
+        its steps) or ``none`` (no model forward at all)."""
+        trained = self.step_stats.count > 0 or any(c.steps for c in self.children)
+        evaluated = bool(self.evaluations) or self.eval_stats.count > 0 or any(
+            s.count > 0 and not s.in_step and not s.backpropagated for s in self.forwards)
+        if not trained and not evaluated and self.backward_calls == 0 and not any(o.steps for o in self.optimizers):
+            # forwards that look like training (train mode, grad enabled) but never reached a backward
+            # or an optimizer: an evaluation done in train mode without no_grad
+            evaluated = any(s.count > 0 for s in self.forwards)
+        if trained and evaluated and not self.evaluations and self.eval_stats.count == 0:
+            evaluated = False   # evaluation-looking forwards inside training steps (a teacher): training
+        if trained:
+            return "training+evaluation" if evaluated else "training"
+        return "evaluation" if evaluated else "none"
+
+    def eval_forward_sites(self) -> list[ForwardSite]:
+        """The forward sites that evaluated (not training), most-called first."""
+        sites = [s for s in self.forwards if s.count > 0 and not s.in_step and not s.backpropagated]
+        if not sites and self.run_kind() == "evaluation":
+            sites = [s for s in self.forwards if s.count > 0]
+        return sorted(sites, key=lambda s: -s.count)
+
+    def eval_loaders(self) -> list[DataLoaderInfo]:
+        """The DataLoaders whose batches fed evaluation (role eval); in an evaluation-only run without
+        roles, every loader that delivered batches."""
+        loaders = [d for d in self.dataloaders if d.role == "eval" and d.batches > 0]
+        if not loaders and self.run_kind() == "evaluation":
+            loaders = [d for d in self.dataloaders if d.batches > 0]
+        return loaders
+
+    def eval_throughput(self) -> dict | None:
+        """Evaluation throughput from the evaluation steps: {steps, time_s, samples, tokens,
+        batches_per_s, samples_per_s, tokens_per_s, median_step_s, phases: median of each phase,
+        data_share} (the first step out when enough remain), or None without evaluation steps."""
+        st = self.eval_stats
+        if st.count == 0 or st.total_s <= 0:
+            return None
+        timed_n = st.timed or st.count
+        steps = [s for s in self.eval_steps if not s.instrumented]
+        timed = steps[1:] if len(steps) > 3 else steps
+        med = {name: median([getattr(s, name) for s in timed]) for name in
+               ("total_s", "data_s", "h2d_s", "forward_s", "other_s")} if timed else None
+        shares = [s.data_s / s.total_s for s in timed if s.total_s > 0]
+        return {"steps": st.count, "timed": timed_n, "time_s": st.total_s, "samples": st.samples,
+                "tokens": st.tokens, "batches_per_s": timed_n / st.total_s,
+                "samples_per_s": st.samples / st.total_s if st.samples else None,
+                "tokens_per_s": st.tokens / st.total_s if st.tokens else None,
+                "median_step_s": med["total_s"] if med else None, "phases": med,
+                "data_share": median(shares) if shares else None,
+                "forward_share": st.forward_s / st.total_s}
+
+    def eval_share(self) -> dict | None:
+        """For a training run with periodic evaluation: {eval_s (the passes' time), train_s (the
+        training steps' time), share (eval_s / (eval_s + train_s)), passes, steps, every (median
+        training steps between two passes), per_pass_s and step_s (means over the run: they
+        reproduce ``share``), median_pass_s, median_step_s}; None without both."""
+        if not self.evaluations or self.step_stats.count == 0 or self.step_stats.total_s <= 0:
+            return None
+        eval_s = sum(e.time_s for e in self.evaluations)
+        train_s = self.step_stats.total_s
+        med = self.median_step()
+        afters = [e.after_step for e in self.evaluations]
+        gaps = [b - a for a, b in zip(afters, afters[1:]) if b > a]
+        return {"eval_s": eval_s, "train_s": train_s, "share": eval_s / (eval_s + train_s),
+                "passes": len(self.evaluations), "steps": self.step_stats.count,
+                "every": median(gaps) if gaps else None,
+                "per_pass_s": eval_s / len(self.evaluations),
+                "step_s": train_s / max(self.step_stats.timed, 1),
+                "median_pass_s": median([e.time_s for e in self.evaluations]),
+                "median_step_s": (med or {}).get("total_s")}
 
     def model(self, model_id: int) -> ModelInfo | None:
         for m in self.models:

@@ -24,6 +24,7 @@ class RunInfo:
     log_path: str | None = None           # log.txt: the script's stdout and stderr
     simulated_gpus: str | None = None   # scenario name when GPU values are simulated
     sources: list[str] = field(default_factory=list)  # for merged evidence: the files merged
+    kind: str | None = None             # training | evaluation | training+evaluation | none: what the run did (RankEvidence.run_kind of rank 0; set when the run ends)
     source: str = "probe"               # probe: observed by the probe in the script | attach: sampled from outside (diag attach)
 
 

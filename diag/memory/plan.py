@@ -369,6 +369,70 @@ def make_plan(train: Callable[[int, int], dict], evaluate: Callable[[int], dict]
     return out
 
 
+def make_eval_plan(evaluate: Callable[[int], dict], *, observed_batch: int, eval_batch: int | None = None,
+                   capacity: int | None = None, headroom: float = HEADROOM, capability=None,
+                   facts: dict | None = None, budget_s: float = 120.0, search: bool = True,
+                   precision: float = SEARCH_PRECISION) -> dict[str, Any]:
+    """The ``memory.estimate`` record of an evaluation-only run (``mode: "eval"``): no training step to
+    replay, so ``at_target`` is the evaluation forward at the observed batch and ``eval`` holds the
+    largest evaluation batch that fits (bisection, as for training); the training fields are None."""
+    t0 = time.perf_counter()
+    facts = dict(facts or {})
+    usable = int(capacity * (1 - headroom)) if capacity else None
+    cache: dict[int, dict] = {}
+    notes: list[str] = []
+
+    def over_budget() -> bool:
+        return time.perf_counter() - t0 > budget_s
+
+    def point(batch: int) -> dict:
+        p = cache.get(batch)
+        if p is None:
+            raw = evaluate(batch)
+            facts.update({k: v or facts.get(k, False) for k, v in (raw.get("uses") or {}).items()})
+            p = {k: v for k, v in raw.items() if k != "uses"}
+            p.update(device_figures(p, facts, capability))
+            if usable is not None:
+                p["fits"] = p["device"] <= usable
+            cache[batch] = p
+        return p
+
+    def fits(batch: int) -> bool:
+        try:
+            return bool(point(batch)["fits"])
+        except Exception as e:   # noqa: BLE001 - the replay's own error, reported as a note
+            notes.append(f"the eval replay at batch {batch} failed ({e}); counted as not fitting")
+            return False
+
+    start = int(eval_batch or observed_batch)
+    at = point(start)
+    ev: dict[str, Any] = {"batch": start, "at_batch": at, "max_batch": None, "search": None}
+    if usable is not None and search:
+        guess = None
+        try:
+            b2 = start * 2 if at.get("fits") else max(1, start // 2)
+            if b2 != start:
+                guess = predict_batch([at, point(b2)], usable)
+        except Exception:   # noqa: BLE001
+            guess = None
+        res = largest_fitting(fits, start, should_stop=over_budget, precision=precision, guess=guess)
+        ev["max_batch"] = res["max"]
+        ev["search"] = {"trials": len(res["trials"]), "first_fail": res["first_fail"], "complete": res["complete"]}
+        if not res["complete"]:
+            notes.append(f"the search stopped at its time budget ({budget_s:g} s); the largest batch is a lower bound")
+    ev["points"] = sorted(cache.values(), key=lambda p: p["batch"])
+    return {
+        "status": "ok", "mode": "eval", "observed_batch": int(observed_batch), "target_batch": start,
+        "capacity": capacity, "headroom": headroom, "usable": usable, "capability": capability, "facts": facts,
+        "at_target": at,
+        "constants": {"cuda_context": CUDA_CONTEXT_BYTES, "allocator_cache_fraction": ALLOCATOR_CACHE_FRACTION,
+                      "cudnn_workspace": CUDNN_WORKSPACE_BYTES, "cublas_workspace": cublas_workspace(capability),
+                      "cublas_threads": CUBLAS_THREADS},
+        "max_batch": None, "search": None, "accumulation": None, "eval": ev, "table": [], "points": [],
+        "replays": len(cache), "notes": notes, "seconds": round(time.perf_counter() - t0, 3), "monotonic": True,
+    }
+
+
 def _monotonic(points: list[dict]) -> bool:
     peaks = [p["peak"] for p in points]
     return all(a <= b for a, b in zip(peaks, peaks[1:]))

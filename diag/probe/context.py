@@ -158,6 +158,8 @@ class Extension(Protocol):
     ``on_graph_forward(ctx, module, args, kwargs, output, site)`` a top-level forward outside training
                                                      built an autograd graph (eval mode, grad enabled;
                                                      ``site``: the ``forward_site`` record).
+    ``on_eval_forward(ctx, module, args, kwargs, output, site)`` one of the first 8 top-level forwards
+                                                     of an evaluation pass (not inside a training step).
     ``on_data(ctx, edge)``                           around each training-loop ``DataLoader.__next__``:
                                                      ``edge`` is ``"start"`` (before the fetch) or ``"end"``
                                                      (the batch arrived, before the step is opened for it).
@@ -176,7 +178,8 @@ class Extension(Protocol):
     def uninstall(self, ctx: ProbeContext) -> None: ...
 
 
-HOOKS = ("install", "uninstall", "on_model", "on_forward_start", "on_forward", "on_graph_forward", "on_data",
+HOOKS = ("install", "uninstall", "on_model", "on_forward_start", "on_forward", "on_graph_forward", "on_eval_forward",
+         "on_data",
          "on_step_start", "on_step_end", "on_exit")
 
 

@@ -405,6 +405,7 @@ class Probe(StepRules):
         self.active = False
         if self._handover is not None:
             self._handover.uninstall()
+        self._es_uninstall()   # diag.probe.evalsteps: its lazily patched tensor methods
         for h in self._handles:
             remove_global_hook(h)   # also torch's with_kwargs leak (a compile warning for ever after)
         remove_hooks(self._handles)
@@ -642,8 +643,16 @@ class Probe(StepRules):
             if self.extensions:
                 self._ext("on_forward", module, args, kwargs, output, True)
         else:
-            if not self._eval_forward(start, dt) and self.current_step is not None:
-                self.current_step.eval_s += dt
+            e_samples = e_tokens = None
+            if self.current_step is None or self.current_step.group_end is not None:
+                e_samples, e_tokens, _, _ = batch_size_of(args, kwargs, self.last_batch_samples)
+            if not self._eval_forward(start, dt, skey, e_samples, e_tokens):
+                if self.current_step is not None:
+                    self.current_step.eval_s += dt
+            elif self.extensions and self._es_ext_calls < 8:
+                # the first evaluation forwards (diag.probe.evalsteps): an evaluation-only run's batch
+                self._es_ext_calls += 1
+                self._ext("on_eval_forward", module, args, kwargs, output, site)
             if out_rg and not self._in_backward:
                 # a graph built outside training mode: find out whether a backward goes through it
                 try:

@@ -73,6 +73,7 @@ class MemoryProbe:
         self._device_emitted = False
         self._last_peak = 0
         self._replaying = False
+        self._eval_capture = False       # the captured batch is an evaluation forward's (no training yet)
 
     # ---- interface --------------------------------------------------------------------------------
     def install(self, probe) -> None:
@@ -96,8 +97,20 @@ class MemoryProbe:
         return None
 
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
+        if self._eval_capture:
+            # an evaluation before the first training step (a sanity check): training replaces it
+            self._eval_capture = False
+            self._spec = self._spec_error = None
         if self._spec is not None or self._spec_error is not None:
             return
+        self._capture(probe, module, args, kwargs)
+
+    def on_eval_forward(self, probe, module, args, kwargs, output, site) -> None:
+        """An evaluation forward before any training: an evaluation-only run's batch (kept until a
+        training forward replaces it), so the plan can find the largest evaluation batch."""
+        if self._spec is not None or self._spec_error is not None or probe.steps_done:
+            return
+        self._eval_capture = True
         self._capture(probe, module, args, kwargs)
 
     def on_step_start(self, probe, index: int) -> None:
@@ -159,6 +172,8 @@ class MemoryProbe:
         except Exception:
             pass
         rec: dict[str, Any] = {"step": probe.steps_done + 1, "autocast": self._autocast}
+        if self._eval_capture:
+            rec["mode"] = "eval"
         if self._spec is not None:
             rec.update(batch=self._spec.batch, inputs=self._spec.describe()[:16])
         else:
@@ -395,6 +410,16 @@ class MemoryProbe:
         if ddp is not None and not getattr(ddp, "gradient_as_bucket_view", False):
             facts["ddp_grad_bytes"] = sum(p.numel() * p.element_size() for p in replay.model.parameters()
                                           if p.requires_grad)
+        if self._eval_capture:
+            from diag.memory.plan import make_eval_plan
+
+            plan = make_eval_plan(replay.eval, observed_batch=self._spec.batch,
+                                  eval_batch=_env_int("DIAG_MEMORY_EVAL_BATCH"), capacity=capacity,
+                                  headroom=_env_float("DIAG_MEMORY_HEADROOM", HEADROOM), capability=capability,
+                                  facts=facts, budget_s=budget)
+            plan["capacity_source"] = cap_name
+            plan["replay"] = replay.describe()
+            return plan
         first = replay.train(self._spec.batch)      # raises ReplayError: skipped with the reason
         facts.update(first["uses"])
         headroom = _env_float("DIAG_MEMORY_HEADROOM", HEADROOM)

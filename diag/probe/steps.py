@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import time
 
+from diag.probe.evalsteps import EvalStepRules
+
 
 def batch_samples(batch) -> int | None:
     """The number of samples in a batch a DataLoader delivered: collated batches stack samples at
@@ -44,10 +46,12 @@ def batch_samples(batch) -> int | None:
     return None
 
 
-class StepRules:
-    """Mixin of Probe: groups, closures, loader roles, evaluation passes."""
+class StepRules(EvalStepRules):
+    """Mixin of Probe: groups, closures, loader roles, evaluation passes (and their steps:
+    :mod:`diag.probe.evalsteps`)."""
 
     def _init_step_rules(self) -> None:
+        self._init_eval_steps()
         self._tail: list[dict] = []          # fetches since the last step with no step open
         self._tail_fwd: list[tuple] = []     # evaluation forwards after the tail's last fetch
         self._eval: dict | None = None       # the evaluation pass in progress
@@ -148,11 +152,13 @@ class StepRules:
             return
         if self._tail_fwd:
             self._commit_tail_to_eval()
+        self._es_fetch(t0, dt, provisional=True)
         self._tail.append({"lid": lid, "t0": t0, "dt": dt})
         if len(self._tail) > 64:   # a loader iterated without forwards: keep the evidence bounded
             self._commit_tail_to_eval(keep_last=1)
 
-    def _eval_forward(self, start: float, dt: float) -> bool:
+    def _eval_forward(self, start: float, dt: float, site: str | None = None, samples=None,
+                      tokens=None) -> bool:
         """A forward that does not train. Returns True when it belongs to an evaluation pass (or the
         tail), False when it is part of the open training step (a teacher, an EMA model)."""
         step = self.current_step
@@ -160,6 +166,7 @@ class StepRules:
             if step.group_end is None:
                 return False
             self._close_group()
+        self._es_forward(start, dt, site, samples, tokens)
         if self._tail:
             self._tail_fwd.append((start, dt))
             return True
@@ -219,9 +226,14 @@ class StepRules:
             return step
         if not self._framework_done:
             self._detect_framework()
+        if self._tail and self._tail_fwd and self._tail_is_eval():
+            # the tail's batches came from an evaluation loader and were evaluated: the end of an
+            # evaluation pass, not the data of this training step (docs/steps.md, section 4)
+            self._commit_tail_to_eval()
         tail, fwd = self._tail, self._tail_fwd
         self._tail, self._tail_fwd = [], []
         start = tail[0]["t0"] if tail else t
+        self._es_claimed_by_training(start, bool(tail))
         self._end_eval(start)
         if self._last_boundary is None:
             self._last_boundary = start
@@ -234,11 +246,28 @@ class StepRules:
             step.eval_s += dt
         return step
 
+    def _tail_is_eval(self) -> bool:
+        """The tail's fetches all came from loaders already known as evaluation loaders, or, while a
+        training loader is known, none of them from a training loader."""
+        roles = []
+        for rec in self._tail:
+            info = self._loader_by_id(rec["lid"])
+            roles.append(info.get("role") if info is not None else None)
+        if any(r == "train" for r in roles) or None in [rec["lid"] for rec in self._tail]:
+            return False
+        if all(r == "eval" for r in roles):
+            return True
+        return any(i.get("role") == "train" for i in self._loaders.values())
+
     def _finish_step_rules(self) -> None:
         """At the end of the run: an evaluation pass (or unconsumed fetches after evaluation) still
         open is emitted."""
         if self._tail_fwd:
             self._commit_tail_to_eval()
+        try:
+            self._es_finish()
+        except Exception as e:
+            self.report_error("eval_steps", e)
         if self._eval is not None:
             self._end_eval(self._eval["last"])
 

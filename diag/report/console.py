@@ -11,10 +11,33 @@ from rich.text import Text
 from diag.evidence import probe as probe_cost
 from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
-from diag.units import fmt_seconds
+from diag.units import fmt_pct, fmt_seconds
 from diag.redact import redact_args
 from diag.report.style import SEVERITY_STYLES as STYLE
 from diag.sanitize import for_terminal as safe, safe_finding
+
+
+def eval_line(tp: dict, kind: str, ev_sum: dict | None, share: dict | None = None) -> str:
+    """The summary's evaluation line: evaluation steps, their throughput and median phases."""
+    rates = [f"{tp['batches_per_s']:.1f} batches/s"]
+    if tp.get("samples_per_s"):
+        rates.append(f"{tp['samples_per_s']:,.0f} samples/s")
+    if tp.get("tokens_per_s"):
+        rates.append(f"{tp['tokens_per_s']:,.0f} tokens/s")
+    ph = tp.get("phases") or {}
+    text = (f"evaluation: {tp['steps']} step(s) in {fmt_seconds(tp['time_s'])}"
+            + (f" over {ev_sum['passes']} pass(es)" if ev_sum and ev_sum["passes"] > 1 else "")
+            + f" · {', '.join(rates)}")
+    if ph:
+        text += (f" · median step {fmt_seconds(ph['total_s'])} (data {fmt_seconds(ph['data_s'])} / "
+                 + (f"h2d {fmt_seconds(ph['h2d_s'])} / " if ph.get("h2d_s") else "")
+                 + f"fwd {fmt_seconds(ph['forward_s'])} / other {fmt_seconds(ph['other_s'])})")
+    if share:
+        text += (f" · {fmt_pct(share['share'])} of training+evaluation time"
+                 + (f" (a pass every {share['every']:.0f} steps)" if share.get("every") else ""))
+    if kind == "training+evaluation":
+        text += " (not part of the training steps)"
+    return text
 
 
 def run_header(evidence) -> Text:
@@ -30,7 +53,8 @@ def run_header(evidence) -> Text:
     if run.stop_reason:
         t.append(f" ({safe(run.stop_reason)})")
     steps = sum(r.step_stats.count for r in evidence.ranks)
-    t.append(f" · {steps} step(s)")
+    if steps or not evidence.ranks or evidence.run_kind() != "evaluation":
+        t.append(f" · {steps} step(s)")
     if evidence.ranks:
         med = evidence.primary.median_step()
         if med:
@@ -39,7 +63,13 @@ def run_header(evidence) -> Text:
                      f"bwd {fmt_seconds(med['backward_s'])} / opt {fmt_seconds(med['optimizer_s'])} / "
                      f"other {fmt_seconds(med['other_s'])})")
         ev_sum = evidence.primary.evaluation_summary()
-        if ev_sum:
+        kind = evidence.run_kind()
+        tp = evidence.primary.eval_throughput()
+        if kind == "evaluation":
+            t.append(" · evaluation run")
+        if tp:
+            t.append("\n" + eval_line(tp, kind, ev_sum, evidence.primary.eval_share()))
+        elif ev_sum:
             t.append(f"\nevaluation: {ev_sum['passes']} pass(es), {fmt_seconds(ev_sum['time_s'])} in all, "
                      f"{ev_sum['forwards']} forward(s), data wait {fmt_seconds(ev_sum['data_wait_s'])} "
                      "(not part of the training steps)")

@@ -23,9 +23,24 @@ def summary(evidence, findings) -> dict:
         "steps": sum(x.step_stats.count for x in evidence.ranks),
         "step_time_median_s": round(med["total_s"], 6) if med else None,
         "ranks": len(evidence.ranks),
+        # what the run did and its evaluation throughput (README "Evaluation runs")
+        "kind": evidence.run_kind(),
+        "evaluation": _evaluation(r),
         # diag's probe's own time: share of the median step, seconds, by part (docs/performance.md)
         "probe": ({k: (round(v, 9) if isinstance(v, float) else v) for k, v in own.items()} if own else None),
     }
+
+
+def _evaluation(r) -> dict | None:
+    tp = r.eval_throughput() if r is not None else None
+    if tp is None:
+        return None
+    share = r.eval_share()
+    out = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in tp.items() if k != "phases"}
+    out["median_phases_s"] = {k: round(v, 6) for k, v in (tp.get("phases") or {}).items()}
+    out["passes"] = len(r.evaluations)
+    out["share_of_training"] = round(share["share"], 6) if share else None
+    return out
 
 
 def report_dict(evidence, findings, exit_code: int, comparison=None) -> dict:

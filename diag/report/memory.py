@@ -42,8 +42,11 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
                   f"optimizer {opts}, autocast {rep.get('autocast') or 'off'}, "
                   f"zero_grad(set_to_none={rep.get('zero_grad_set_to_none')}); observed batch "
                   f"{est.get('observed_batch')}; {est.get('replays')} replays in {est.get('seconds')} s")
+    eval_only = est.get("mode") == "eval"     # an evaluation-only run: its evaluation forward was replayed
     rows = [p for p in est.get("points") or [] if p["batch"] in set(est.get("table") or [])] or \
         list(est.get("points") or [])
+    if eval_only:
+        rows = list((est.get("eval") or {}).get("points") or [])
     top = max([p.get("device") or 0 for p in rows] + [1])
     unit, div = ("GiB", 1 << 30) if top >= (1 << 30) else ("MiB", 1 << 20)
 
@@ -51,7 +54,8 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
         return "N/A" if n is None else f"{n / div:,.2f}" if unit == "GiB" else f"{n / div:,.1f}"
 
     t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold",
-              title=f"estimated peak per training step ({unit})", title_justify="left")
+              title=f"estimated peak per {'evaluation forward (inference_mode)' if eval_only else 'training step'} "
+                    f"({unit})", title_justify="left")
     t.add_column("batch", justify="right")
     for _, label in CATEGORY_LABELS:
         t.add_column(label, justify="right")
@@ -80,7 +84,9 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
             within = f" to within {prec:.1%}" if prec else ""
             console.print(f"[bold]largest training batch that fits: {mb:,}[/]{lim} "
                           f"(bisection{within}, {search.get('trials')} replays)")
-        if v.get("fits") is True:
+        if eval_only:
+            pass      # no training batch to judge: the evaluation line below says what fits
+        elif v.get("fits") is True:
             console.print(f"[green]your batch {target:,} fits[/]: estimated {fmt_bytes(v.get('peak_device'))} "
                           f"of {fmt_bytes(v.get('usable'))} usable")
         elif v.get("fits") is False:

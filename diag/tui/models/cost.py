@@ -13,6 +13,7 @@ from typing import Any
 
 from diag.cost import CostError, estimate, estimate_measured, from_evidence, load_catalog, plan_phases
 from diag.cost.catalog import CatalogError
+from diag.cost.eval import estimate_eval, eval_frequency, eval_from_evidence
 from diag.errors import DiagError
 
 MEASURED = "measured"           # the basis values of the form
@@ -44,6 +45,8 @@ class Prefill:
     why_not_measured: str | None = None
     unit: str = "tokens"
     notes: list[str] = field(default_factory=list)
+    eval_measured: Any = None        # diag.cost.eval.EvalMeasured, when the run evaluated
+    frequency: Any = None            # diag.cost.eval.EvalFrequency: a training run's periodic evaluation
 
 
 @dataclass
@@ -51,6 +54,7 @@ class CostResult:
     main: Any = None                 # diag.cost.Estimate
     compare: list = field(default_factory=list)   # [Estimate] across the catalogue, cheapest first
     plan: Any = None                 # diag.cost.PhasePlan (explore / tune / full)
+    eval_measured: Any = None        # diag.cost.eval.EvalEstimate: "evaluate on" at the measured evaluation rate
     error: str | None = None
 
 
@@ -129,6 +133,25 @@ def prefill(evidence=None, device_names: list[str] | None = None) -> Prefill:
         inputs.params = _si_text(params)
         if inputs.basis == FORMULA:
             inputs.work = _si_text(20 * params)
+    try:
+        em = eval_from_evidence(evidence, catalog=catalog())
+    except DiagError:
+        em = None
+    if em is not None:
+        pre.eval_measured = em
+        loaders = [d for d in evidence.primary.eval_loaders() if d.dataset_len]
+        if em.unit == "samples" and loaders:
+            inputs.eval = _si_text(max(d.dataset_len for d in loaders))
+            what = "the evaluation set's size"
+        else:
+            inputs.eval = _si_text(em.units_per_s * 3600)
+            what = "an hour of that throughput"
+        pre.notes.append(f"evaluation measured: {em.units_per_s:,.1f} {em.unit}/s on {em.device_name or em.device} "
+                         f"over {em.steps} evaluation steps; 'evaluate on' starts at {what}")
+        try:
+            pre.frequency = eval_frequency(evidence, catalog=catalog())
+        except DiagError:
+            pre.frequency = None
     return pre
 
 
@@ -139,10 +162,24 @@ def _blank(s: str) -> bool:
     return not str(s or "").strip()
 
 
-def compute(inp: CostInputs, measured=None, compare_all: bool = True) -> CostResult:
-    """Price the form. Every bad value comes back as ``error`` (one sentence), never an exception."""
+def compute(inp: CostInputs, measured=None, compare_all: bool = True, eval_measured=None) -> CostResult:
+    """Price the form. Every bad value comes back as ``error`` (one sentence), never an exception.
+    ``eval_measured`` (diag.cost.eval.EvalMeasured): "evaluate on" is also priced at the run's measured
+    evaluation throughput (``eval_measured`` of the result)."""
     try:
-        return _compute(inp, measured, compare_all)
+        if eval_measured is not None and inp.basis != MEASURED and measured is None:
+            # the form's evaluation is priced at the measured evaluation rate, not by the formula in tokens
+            from dataclasses import replace
+
+            out = _compute(replace(inp, eval=""), measured, compare_all)
+        else:
+            out = _compute(inp, measured, compare_all)
+        if eval_measured is not None and not _blank(inp.eval):
+            # at the rate the run measured, on the device it ran on (the GPU select prices training)
+            price = None if _blank(inp.price) else inp.price
+            out.eval_measured = estimate_eval(eval_measured, inp.eval, unit=eval_measured.unit, price=price,
+                                              catalog=catalog())
+        return out
     except (CostError, CatalogError, DiagError) as e:
         return CostResult(error=e.message)
     except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:

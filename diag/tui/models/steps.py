@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 PHASES = (("data_s", "data wait"), ("forward_s", "forward"), ("backward_s", "backward"),
           ("optimizer_s", "optimizer"), ("other_s", "other"))
+EVAL_PHASES = (("data_s", "data wait"), ("h2d_s", "host-to-device"), ("forward_s", "forward"),
+               ("other_s", "other (post-processing)"))
 RECENT = 20         # steps in the "now" throughput window
 HISTORY = 240       # steps in the history graph
 
@@ -38,6 +40,9 @@ class StepSummary:
     data_share_history: list[float] = field(default_factory=list)
     data_share: float | None = None   # the one data-wait share (RankEvidence.data_wait_share)
     evaluation: dict | None = None    # evaluation passes in sum (RankEvidence.evaluation_summary)
+    kind: str = "none"                # training | evaluation | training+evaluation | none (Evidence.run_kind)
+    eval: dict | None = None          # evaluation steps: throughput and median phases (RankEvidence.eval_throughput)
+    eval_share: dict | None = None    # training with periodic evaluation: its share (RankEvidence.eval_share)
     ranks: list[RankSteps] = field(default_factory=list)
 
 
@@ -77,6 +82,9 @@ def summarize_steps(evidence) -> StepSummary:
     dw = r.data_wait_share()
     out.data_share = dw["share"] if dw else None
     out.evaluation = r.evaluation_summary()
+    out.kind = evidence.run_kind()
+    out.eval = r.eval_throughput()
+    out.eval_share = r.eval_share()
     out.samples_s = _rate(recent, "samples")
     out.tokens_s = _rate(recent, "tokens")
     if st.total_s > 0 and st.timed:
@@ -102,6 +110,17 @@ def phase_shares(median: dict | None) -> list[tuple[str, str, float, float]]:
         v = median.get(key, 0.0) or 0.0
         rows.append((key, label, v, (v / total) if total > 0 else 0.0))
     return rows
+
+
+def eval_phase_shares(ev: dict | None) -> list[tuple[str, str, float, float]]:
+    """[(key, label, seconds, share of the evaluation step)] for the evaluation rows (the median
+    evaluation step's phases)."""
+    med = (ev or {}).get("phases")
+    if not med:
+        return []
+    total = med.get("total_s") or 0.0
+    return [(key, label, med.get(key) or 0.0, ((med.get(key) or 0.0) / total) if total > 0 else 0.0)
+            for key, label in EVAL_PHASES]
 
 
 # ---- attached jobs (run.source == "attach"): sampled shares, not timings ---------------------------------

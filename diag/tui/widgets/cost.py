@@ -66,7 +66,7 @@ def _hours(h: float) -> str:
     return units.fmt_hours(h, style="compact")
 
 
-def main_renderable(res: CostResult, unit_hint: str):
+def main_renderable(res: CostResult, unit_hint: str, freq=None):
     if res.error:
         return Text.assemble(("✘ ", "bold red"), (res.error, "red"))
     e = res.main
@@ -107,7 +107,41 @@ def main_renderable(res: CostResult, unit_hint: str):
         basis.append(f"• {n}\n")
     from rich.console import Group
 
-    return Group(head, Text(""), t, Text(""), basis)
+    parts = [head, Text(""), t, Text(""), basis]
+    ev_text = eval_renderable(res, freq)
+    if ev_text is not None:
+        parts += [Text(""), ev_text]
+    return Group(*parts)
+
+
+def eval_renderable(res: CostResult, freq=None) -> Text | None:
+    """'evaluate on' priced at the run's measured evaluation throughput, and a training run's
+    evaluation share with what other intervals would save."""
+    x = res.eval_measured
+    if x is None and freq is None:
+        return None
+    t = Text()
+    if x is not None:
+        t.append("evaluation at the measured rate", style="bold bright_cyan")
+        t.append(f" · {units_text(x.units)} {x.unit} in {fmt.duration(x.seconds)} on {x.label}"
+                 f" · {_money(x.cost)}\n", style="bold")
+        t.append(f"{x.basis}", style="dim")
+        if x.flops and x.analytic_flops:
+            t.append(f" · {x.flops:.3g} FLOPs measured vs 2·N·D {x.analytic_flops:.3g}", style="dim")
+        t.append("\n")
+    if freq is not None:
+        t.append(f"evaluation took {fmt.pct(freq.share)} of training+evaluation time", style="bold")
+        if freq.every:
+            t.append(f" (every {freq.every:.0f} steps)")
+        rows = [r for r in freq.rows if not r.current and r.every > (freq.every or 0)]
+        if rows:
+            r = rows[0]
+            t.append(f"; every {r.every:.0f} steps would save {fmt.duration(-r.delta_s_per_1000_steps)} per 1,000 "
+                     "training steps", style="dim")
+            if r.delta_cost_per_1000_steps is not None:
+                t.append(f" ({_money(-r.delta_cost_per_1000_steps)})", style="dim")
+        t.append("\n")
+    return t
 
 
 def plan_renderable(res: CostResult):
@@ -272,11 +306,12 @@ class CostPane(Pane):
         inp = self.inputs()
         pre = self._prefill
         measured = pre.measured if pre is not None else None
-        res = compute(inp, measured)
+        res = compute(inp, measured, eval_measured=pre.eval_measured if pre is not None else None)
         self.result = res
         self.computations += 1
         unit = measured.unit if (measured is not None and inp.basis == MEASURED) else "tokens"
-        self.query_one("#cost-main", Static).update(main_renderable(res, unit))
+        self.query_one("#cost-main", Static).update(
+            main_renderable(res, unit, pre.frequency if pre is not None else None))
         self.query_one("#cost-plan", Static).update(plan_renderable(res))
         table = self.query_one("#cost-compare", DataTable)
         table.clear()

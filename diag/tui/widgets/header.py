@@ -88,7 +88,11 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
     elif ev.ranks:
         steps = ev.primary.step_stats.count
         last = ev.primary.steps[-1] if ev.primary.steps else None
-        one.append(f" · step {last.index if last else steps}")
+        if not steps and ev.primary.eval_stats.count:
+            # an evaluation run (so far): its evaluation steps, not "step 0"
+            one.append(f" · evaluation step {ev.primary.eval_stats.count}")
+        else:
+            one.append(f" · step {last.index if last else steps}")
         if last is not None and last.epoch is not None:
             one.append(f" · epoch {last.epoch}")
         if len(ev.ranks) > 1:

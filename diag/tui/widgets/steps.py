@@ -15,15 +15,67 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from diag.sanitize import for_terminal as safe
 from diag.tui import fmt
-from diag.tui.models.steps import phase_shares, summarize_attach, summarize_steps
+from diag.tui.models.steps import eval_phase_shares, phase_shares, summarize_attach, summarize_steps
 from diag.tui.widgets import Pane, UIState
 
 PHASE_STYLE = {"data_s": "red", "forward_s": "cyan", "backward_s": "blue", "optimizer_s": "green",
-               "other_s": "grey50"}
+               "other_s": "grey50", "h2d_s": "yellow"}
+
+
+def eval_text(s) -> Text:
+    """The evaluation line: an evaluation run's steps, or a training run's evaluation passes."""
+    t = Text()
+    e = s.eval
+    if not e:
+        return t
+    t.append("evaluation run" if s.kind == "evaluation" else "evaluation", style="bold bright_cyan")
+    t.append(f" · {e['steps']} evaluation step(s) (one forward on one batch)")
+    if s.evaluation and s.kind != "evaluation":
+        t.append(f" in {s.evaluation['passes']} pass(es)")
+    t.append("\n")
+    t.append("throughput ")
+    t.append(f"{fmt.si(e['batches_per_s'])} batches/s", style="bold")
+    if e.get("samples_per_s"):
+        t.append(f" · {fmt.si(e['samples_per_s'])} samples/s", style="bold")
+    if e.get("tokens_per_s"):
+        t.append(f" · {fmt.si(e['tokens_per_s'])} tokens/s", style="bold")
+    if e.get("median_step_s"):
+        t.append(f" · median evaluation step {fmt.ms(e['median_step_s'])}", style="dim")
+    sh = s.eval_share
+    if sh:
+        t.append("\n")
+        t.append(f"evaluation took {fmt.pct(sh['share'])} of training+evaluation time", style="bold")
+        if sh.get("every"):
+            t.append(f" (a pass every {sh['every']:.0f} steps, {fmt.ms(sh['per_pass_s'])} each; "
+                     "diag cost --from RUN prices other intervals)", style="dim")
+    return t
+
+
+def eval_table(s) -> Table | Text:
+    rows = eval_phase_shares(s.eval)
+    if not rows:
+        return Text("")
+    table = Table(box=None, pad_edge=False, padding=(0, 1), expand=True, show_edge=False)
+    table.add_column("phase (median evaluation step)", no_wrap=True)
+    table.add_column("time", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    table.add_column("", ratio=1, no_wrap=True)
+    for key, label, secs, share in rows:
+        style = PHASE_STYLE[key]
+        table.add_row(Text(label, style=style), fmt.ms(secs), fmt.pct(share),
+                      ProgressBar(total=1.0, completed=min(share, 1.0), width=None,
+                                  complete_style=style, finished_style=style, style="grey23"))
+    table.add_row(Text("evaluation step", style="bold"), Text(fmt.ms(s.eval["phases"]["total_s"]), style="bold"),
+                  "", "")
+    return Group(eval_text(s), table)
 
 
 def summary_text(s, ev) -> Text:
     t = Text()
+    if s.step == 0 and s.kind == "evaluation":
+        t.append("an evaluation run: no training step, none expected", style="bold")
+        t.append(" — its evaluation steps are below", style="dim")
+        return t
     if s.step == 0:
         t.append("no training step seen yet", style="bold")
         t.append(" — a step ends at optimizer.step() (or after backward() without an optimizer)",
@@ -248,6 +300,9 @@ class StepsPane(Pane):
             yield attach
             yield Static(id="steps-summary")
             yield Static(id="steps-breakdown")
+            rows = Static(id="steps-eval")
+            rows.display = False
+            yield rows
             if getattr(self.app, "baseline", None) is not None:
                 yield Static(id="steps-baseline")
             table = DataTable(id="steps-ranks", cursor_type="none", zebra_stripes=True)
@@ -273,6 +328,10 @@ class StepsPane(Pane):
         s = summarize_steps(ev)
         self.query_one("#steps-summary", Static).update(summary_text(s, ev))
         self.query_one("#steps-breakdown", Static).update(breakdown_table(s))
+        ev_rows = self.query_one("#steps-eval", Static)
+        ev_rows.display = bool(s.eval)          # only runs that evaluated have evaluation rows
+        if s.eval:
+            ev_rows.update(eval_table(s))
         base = getattr(self.app, "baseline", None)
         if base is not None:
             self.query_one("#steps-baseline", Static).update(baseline_table(base, ev))
@@ -305,6 +364,8 @@ class StepsPane(Pane):
         self.query_one("#steps-attach").display = on
         for wid in ("#steps-summary", "#steps-breakdown"):
             self.query_one(wid).display = not on
+        if on:
+            self.query_one("#steps-eval").display = False
         if on:
             for wid in ("#steps-ranks", "#steps-spark-label", "#steps-spark", "#steps-data-label",
                         "#steps-data-spark"):

@@ -1,0 +1,81 @@
+"""The TUI on evaluation runs: the Steps tab's evaluation rows (an evaluation-only run, and the
+evaluation passes of a training run) and the Cost tab pricing evaluation from the measured throughput."""
+from __future__ import annotations
+
+import pytest
+
+from diag.evidence import EvaluationPass
+from diag.testing import EvidenceBuilder
+from tui_support import freeze_catalogue, plain, replay_app, widget_text
+
+
+def _eval_only():
+    b = EvidenceBuilder().environment(cpu_count=8)
+    b.eval_model(params=330_000).dataloader(batch_size=64, role="eval", batches=20, dataset_len=1280)
+    b.eval_steps(20, total_s=0.004, data_s=0.001, h2d_s=0.0005, forward_s=0.002, samples=64)
+    ev = b.build()
+    ev.primary.flops["eval"] = {"flops": 2 * 330_000 * 64, "samples": 64, "params": 330_000, "eval_step": 3,
+                                "device": "cpu"}
+    ev.run.script = "evaluate.py"
+    return ev
+
+
+def _train_with_eval():
+    b = EvidenceBuilder().environment(cpu_count=8).model().steps(40, total_s=0.01, samples=32)
+    b.eval_model().eval_steps(12, total_s=0.005, samples=64)
+    ev = b.build()
+    for k in range(1, 5):
+        ev.primary.evaluations.append(EvaluationPass(index=k, after_step=10 * k, time_s=0.015, forwards=3,
+                                                     batches=3))
+    return ev
+
+
+def test_step_summary_of_an_evaluation_run():
+    from diag.tui.models.steps import eval_phase_shares, summarize_steps
+
+    s = summarize_steps(_eval_only())
+    assert s.kind == "evaluation" and s.step == 0
+    assert s.eval["steps"] == 20 and s.eval["samples_per_s"] == pytest.approx(64 / 0.004)
+    rows = eval_phase_shares(s.eval)
+    assert [r[1] for r in rows] == ["data wait", "host-to-device", "forward", "other (post-processing)"]
+    assert sum(r[3] for r in rows) == pytest.approx(1.0)
+    t = summarize_steps(_train_with_eval())
+    assert t.kind == "training+evaluation" and t.eval_share["every"] == 10
+
+
+async def test_steps_tab_shows_evaluation_rows():
+    app = replay_app("steps", evidence=_eval_only(), findings=[])
+    async with app.run_test(size=(110, 40)) as pilot:
+        await pilot.pause(0.3)
+        assert "evaluation step 20" in widget_text(app, "#header-1", 110)
+        summary = widget_text(app, "#steps-summary", 110)
+        assert "evaluation run" in summary and "no training step seen yet" not in summary
+        rows = widget_text(app, "#steps-eval", 110)
+        assert "20 evaluation step(s)" in rows and "batches/s" in rows and "samples/s" in rows
+        assert "host-to-device" in rows and "post-processing" in rows
+    app = replay_app("steps", evidence=_train_with_eval(), findings=[])
+    async with app.run_test(size=(110, 40)) as pilot:
+        await pilot.pause(0.3)
+        rows = widget_text(app, "#steps-eval", 110)
+        assert "in 4 pass(es)" in rows and "of training+evaluation time" in rows and "every 10 steps" in rows
+
+
+async def test_cost_tab_prices_evaluation_from_the_measured_throughput(monkeypatch):
+    freeze_catalogue(monkeypatch)
+    app = replay_app("cost", evidence=_eval_only(), findings=[], scenario=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.5)
+        pane = app.pane("cost")
+        assert pane.result.error is None
+        assert pane.inputs().eval == "1.28k"                    # the evaluation set's size (1,280)
+        x = pane.result.eval_measured
+        assert x is not None and x.units == 1280 and x.seconds == pytest.approx(1280 / (64 / 0.004))
+        assert x.analytic_flops == pytest.approx(2 * 330_000 * 1280)   # 2·N·D
+        text = widget_text(app, "#cost-main", 120)
+        assert "evaluation at the measured rate" in text
+        assert pane.result.main.eval is None        # not priced twice (the formula would call samples tokens)
+    app = replay_app("cost", evidence=_train_with_eval(), findings=[], scenario=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.5)
+        text = widget_text(app, "#cost-main", 120)
+        assert "evaluation took" in text and "every 20 steps would save" in text
