@@ -47,7 +47,8 @@ from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, fi
 from diag.probe.sink import FileSink
 from diag.probe import children
 from diag.probe.steps import StepRules, batch_samples
-from diag.probe.tensors import batch_size_of, first_tensor, grad_tensor, grad_tensors
+from diag.probe.tensors import (batch_size_of, first_tensor, grad_tensor, grad_tensors, on_backward,
+                                output_grad_tensors, samples_of)
 
 # former private names, kept for code that imported them from here
 _is_library_file = is_library_file
@@ -133,6 +134,7 @@ class Probe(StepRules):
         self._models: dict[int, int] = {}        # id(module) -> model id
         self._model_device: dict[int, str] = {}  # model id -> device type of its first parameter
         self._model_refs: dict[int, Any] = {}    # model id -> weakref
+        self._model_inner: dict[int, Any] = {}   # model id -> the module inside its wrappers (DDP, compile)
         self._sites: dict[tuple, dict] = {}
         self._site_counts: dict[str, int] = {}
         self._site_dirty: set[str] = set()
@@ -184,25 +186,34 @@ class Probe(StepRules):
         except Exception:
             pass
 
+    @property
+    def extensions(self) -> list:
+        return self._extensions
+
+    @extensions.setter
+    def extensions(self, value) -> None:
+        self._extensions = value
+        self._ext_fns = {}
+
     def _ext(self, method: str, *args) -> None:
-        for ext in list(self.extensions):
-            fn = getattr(ext, method, None)
-            if fn is None:
-                continue
+        # the extensions that implement `method`, looked up once per method (issue 20: this runs
+        # several times per step; a getattr per extension and call was a visible part of the step)
+        fns = self._ext_fns.get(method)
+        if fns is None:
+            fns = self._ext_fns[method] = [(ext, type(ext).__name__, getattr(ext, method))
+                                          for ext in self._extensions if getattr(ext, method, None) is not None]
+        ext_ns = self._ext_ns
+        for ext, name, fn in fns:
             t0 = _ns()
             try:
                 fn(self, *args)
-                name = type(ext).__name__
-                self._ext_ns[name] = self._ext_ns.get(name, 0) + _ns() - t0
+                ext_ns[name] = ext_ns.get(name, 0) + _ns() - t0
             except DiagStop:
                 raise
             except Exception as e:
-                self.report_error(f"{type(ext).__name__}.{method}", e)
+                self.report_error(f"{name}.{method}", e)
                 if method != "uninstall":
-                    try:
-                        self.extensions.remove(ext)
-                    except ValueError:
-                        pass
+                    self.disable(ext)
 
     # ---- the extension interface (diag.probe.context.ProbeContext) -----------------------------------
     @property
@@ -291,9 +302,10 @@ class Probe(StepRules):
 
     def disable(self, extension) -> None:
         try:
-            self.extensions.remove(extension)
+            self._extensions.remove(extension)
         except ValueError:
             pass
+        self._ext_fns = {}
 
     # ---- install / uninstall -----------------------------------------------------------------------
     def install(self, scan_modules: bool = False) -> "Probe":
@@ -341,7 +353,7 @@ class Probe(StepRules):
             probe._before_data(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
             t0 = time.perf_counter()
-            if probe.extensions:
+            if probe._extensions:
                 probe._ext("on_data", "start")
             probe._in_data += 1
             probe._own_ns += _ns() - n0
@@ -355,7 +367,7 @@ class Probe(StepRules):
                 raise
             probe._in_data -= 1
             n0, closed = _ns(), probe.steps_done
-            if probe.extensions:
+            if probe._extensions:
                 probe._ext("on_data", "end")
             probe._on_batch(it, time.perf_counter() - t0, batch, t0)
             if probe.steps_done == closed:   # a step closed in there counted itself
@@ -454,7 +466,7 @@ class Probe(StepRules):
                 self._top_module = module
                 self._top_depth = 1
                 self._seek_model = False
-                if self.extensions:
+                if self._extensions:
                     self._on_forward_start(module)
             else:
                 # a module without parameters (a loss, a bare activation) is not a model: its forward
@@ -470,7 +482,7 @@ class Probe(StepRules):
             self._top_depth = self._depth
             self._seek_model = False
             self._bare_had_model = True
-            if self.extensions:
+            if self._extensions:
                 self._on_forward_start(module)
         return None
 
@@ -536,12 +548,12 @@ class Probe(StepRules):
         try:
             import torch
 
-            outs = grad_tensors(output) if torch.is_grad_enabled() else []
+            outs = output_grad_tensors(output) if torch.is_grad_enabled() else []
             if outs:
                 if step is not None:
                     step.forward_s += end - start
                 for t in outs:
-                    t.register_hook(self._bwd_hook)
+                    on_backward(t, self._bwd_hook)
             elif step is not None:
                 step.eval_s += end - start
         except Exception as e:
@@ -563,9 +575,20 @@ class Probe(StepRules):
             self._ext("on_model", module, info)
         grad = torch.is_grad_enabled()
         # the innermost module's flag: frameworks call .train() on the model, not on its DDP wrapper
-        training = bool(module.training) or bool(getattr(wrappers_of(module)[2], "training", False))
+        training = module.training
+        if not training:
+            ref = self._model_inner.get(mid)
+            inner = ref() if ref is not None else None
+            if inner is None:
+                inner = wrappers_of(module)[2]
+                try:
+                    self._model_inner[mid] = weakref.ref(inner)
+                except TypeError:
+                    pass
+            training = bool(getattr(inner, "training", False))
+        training = bool(training)
         inference = torch.is_inference_mode_enabled()
-        outs = grad_tensors(output) if grad else []     # the backward may start from any of them
+        outs = output_grad_tensors(output) if grad else []     # the backward may start from any of them
         out_t = outs[0] if outs else None
         out_rg = out_t is not None
         dev_type = self._model_device.get(mid)
@@ -621,7 +644,7 @@ class Probe(StepRules):
                 step.sample_site is not None and self.in_repeated_closure())
             if counted:
                 step.micro_batches += 1
-                samples, tokens, _, _ = batch_size_of(args, kwargs, self.last_batch_samples)
+                samples, tokens = samples_of(args, kwargs, self.last_batch_samples)
                 if step.sample_site is None:
                     step.sample_site = skey
                     step.samples, step.tokens = samples, tokens
@@ -636,10 +659,10 @@ class Probe(StepRules):
                 # on every output that needs grad: the loss may use any of them
                 for t in outs:
                     try:
-                        t.register_hook(self._bwd_hook)
+                        on_backward(t, self._bwd_hook)
                     except Exception:
                         pass
-            if self.extensions:
+            if self._extensions:
                 self._ext("on_forward", module, args, kwargs, output, True)
         else:
             if not self._eval_forward(start, dt) and self.current_step is not None:
@@ -647,10 +670,10 @@ class Probe(StepRules):
             if out_rg and not self._in_backward:
                 # a graph built outside training mode: find out whether a backward goes through it
                 try:
-                    out_t.register_hook(functools.partial(self._graph_bwd_hook, site))
+                    on_backward(out_t, functools.partial(self._graph_bwd_hook, site))
                 except Exception:
                     pass
-        if not train_fwd and out_rg and self.extensions:
+        if not train_fwd and out_rg and self._extensions:
             # a forward that built an autograd graph outside training (eval mode, grad enabled)
             self._ext("on_graph_forward", module, args, kwargs, output, site)
 
@@ -843,7 +866,7 @@ class Probe(StepRules):
         if self._last_boundary is not None:
             start = self._last_boundary
         self.current_step = _Step(self.steps_done + 1, start)
-        if self.extensions:
+        if self._extensions:
             self._ext("on_step_start", self.current_step.index)
         return self.current_step
 
@@ -883,7 +906,7 @@ class Probe(StepRules):
         }
         if step.eval_s:
             ev["extra"]["eval_s"] = step.eval_s
-        if self.extensions:
+        if self._extensions:
             self._ext("on_step_end", ev)
         self._account_step(ev, step, t_close)
         if self._site_dirty:   # forward counts ride on the step event: one write per step
