@@ -391,6 +391,20 @@ class Probe(StepRules):
             return out
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
+
+        # the sink may hold the last step events for up to 0.2 s (diag.probe.sink): a script that ends
+        # with os._exit (no atexit, no finally) must not lose them
+        orig_exit = os._exit
+        flush = getattr(self.sink, "flush", None)
+        if callable(flush):
+            def _exit(code, _orig=orig_exit, _flush=flush):
+                try:
+                    _flush()
+                except BaseException:
+                    pass
+                _orig(code)
+
+            self._patch(os, "_exit", _exit)
         try:
             self._install_manual_update(torch)   # diag.probe.steps: the update of a loop without torch.optim
         except Exception as e:
