@@ -109,3 +109,16 @@ def test_console_json_and_tui_headers_state_the_probes_share():
     state = UIState(snapshot=SimpleNamespace(evidence=ev, findings=[]))
     one, two = header_lines(state)
     assert "diag's probe 0.4% of the median step" in two.plain
+
+
+def test_the_html_report_shows_the_probes_share_in_its_header():
+    from diag.report.html import render_html
+
+    page = render_html(_evidence(12e-6, 3e-3), [], 0)
+    assert 'data-fact="diag&#x27;s probe"' in page or "data-fact=\"diag's probe\"" in page
+    assert "0.4% of the step" in page
+    assert "diag&#x27;s probe took 0.4% of the median step (12 µs of 3.0 ms)" in page \
+        or "diag's probe took 0.4% of the median step (12 µs of 3.0 ms)" in page
+    # above the threshold the tile is marked
+    page = render_html(_evidence(150e-6, 3e-3), [], 0)
+    assert '<span class="status warn" title=' in page and "5.0% of the step" in page
