@@ -122,3 +122,12 @@ def test_the_html_report_shows_the_probes_share_in_its_header():
     # above the threshold the tile is marked
     page = render_html(_evidence(150e-6, 3e-3), [], 0)
     assert '<span class="status warn" title=' in page and "5.0% of the step" in page
+
+
+def test_the_fix_for_the_probes_own_hooks_states_its_per_step_time_and_the_step():
+    from diag.evidence.probe import lighten
+
+    fix = lighten({"by_part": {"hooks": 0.042, "sink": 0.005, "FlopCounter": 0.025},
+                   "median_probe_s": 240e-6, "median_step_s": 11.5e-3})
+    assert "probe's hooks" in fix and "~240 µs a step" in fix and "11.5 ms step" in fix
+    assert "a few hundred µs" not in fix
