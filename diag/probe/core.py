@@ -162,6 +162,10 @@ class Probe(StepRules):
         return time.perf_counter() - self.t0
 
     def emit(self, kind: str, **data) -> None:
+        self.emit_dict(kind, data)
+
+    def emit_dict(self, kind: str, data: dict) -> None:
+        """:meth:`emit` of a dict the caller hands over (not copied: the per-step event)."""
         if self._forked:
             return
         data["kind"] = kind
@@ -926,7 +930,7 @@ class Probe(StepRules):
         if self._site_dirty:   # forward counts ride on the step event: one write per step
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
-        self.emit("step", **ev)
+        self.emit_dict("step", ev)
         if not self._env_refreshed and step.index >= 2:
             # flags such as cudnn.benchmark are often set after import: read them again once
             self._env_refreshed = True
