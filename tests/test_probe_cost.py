@@ -131,3 +131,21 @@ def test_the_fix_for_the_probes_own_hooks_states_its_per_step_time_and_the_step(
                    "median_probe_s": 240e-6, "median_step_s": 11.5e-3})
     assert "probe's hooks" in fix and "~240 µs a step" in fix and "11.5 ms step" in fix
     assert "a few hundred µs" not in fix
+
+
+def test_one_off_work_does_not_move_the_steady_share():
+    """The probe's one-off work lands in the warm-up steps (environment refresh, first model
+    description), the FLOP-counted step (instrumented) and the rare discovery-window steps (periodic:
+    16, 32, 64, ...): the median over the steady steps is the steady per-step figure."""
+    steps = []
+    for i in range(1, 41):
+        p = 50e-6
+        if i <= probe_cost.PROBE_WARMUP:
+            p = 20e-3                         # install, environment refresh, FLOP counter entered
+        elif i in (16, 32):
+            p = 2e-3                          # a periodic discovery window
+        steps.append({"index": i, "probe_s": p, "total_s": 10e-3, "instrumented": i == 3,
+                      "probe_window": i in (1, 16, 32)})
+    s = probe_cost.summarize(steps)
+    assert s["steps"] == 40 - probe_cost.PROBE_WARMUP
+    assert s["median_probe_s"] == 50e-6 and abs(s["median_step_share"] - 0.005) < 1e-12
