@@ -735,6 +735,9 @@ class Probe(StepRules):
     def _opt_pre(self, opt, args, kwargs):
         if self._forked or not self.active:
             return None
+        ho = self._handover
+        if ho is not None:
+            ho._opt_pre(opt, args, kwargs)   # called from here, not as a hook of its own (one dispatch less)
         step = self.current_step
         if step is not None and step.group_end is not None and id(opt) in step.group:
             self._close_group()    # the same optimizer again: the previous iteration is over (times itself)
@@ -751,6 +754,9 @@ class Probe(StepRules):
             return None
         end = time.perf_counter()
         t0 = _ns()
+        ho = self._handover
+        if ho is not None:
+            ho._opt_post(opt, args, kwargs)
         start = self._opt_start.pop(id(opt), end)
         self._any_optimizer_step = True
         info = self.optimizer_info(opt)
