@@ -154,7 +154,6 @@ class Probe(StepRules):
         self._sink_ns = 0                   # emitting events (inside _own_ns)
         self._calls_mark = 0          # handover.window_calls at the previous step event
         self.slow_path_ns = 0.0       # torch's cost of a global hook pair per module call (measured at install)
-        self._own_steps: list[float] = []   # probe_s of the steps that count for timing
         self._init_step_rules()
 
     # ---- events ------------------------------------------------------------------------------------
@@ -969,8 +968,6 @@ class Probe(StepRules):
         ev["probe_s"] = round(probe_s, 9)
         if in_window:
             ev["probe_window"] = True
-        if not step.instrumented:
-            self._own_steps.append(probe_s)
 
     def _flush_sites(self) -> None:
         if self._site_dirty:
