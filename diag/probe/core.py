@@ -197,14 +197,19 @@ class Probe(StepRules):
     def extensions(self, value) -> None:
         self._extensions = value
         self._ext_fns = {}
+        self._ext_n = len(value)
 
     def _ext(self, method: str, *args) -> None:
         # the extensions that implement `method`, looked up once per method (issue 20: this runs
         # several times per step; a getattr per extension and call was a visible part of the step)
+        exts = self._extensions
         fns = self._ext_fns.get(method)
-        if fns is None:
+        if fns is None or self._ext_n != len(exts):   # (an extension appended to the list: look again)
+            if self._ext_n != len(exts):
+                self._ext_fns = {}
+                self._ext_n = len(exts)
             fns = self._ext_fns[method] = [(ext, type(ext).__name__, getattr(ext, method))
-                                          for ext in self._extensions if getattr(ext, method, None) is not None]
+                                          for ext in exts if getattr(ext, method, None) is not None]
         ext_ns = self._ext_ns
         for ext, name, fn in fns:
             t0 = _ns()
@@ -309,6 +314,7 @@ class Probe(StepRules):
         except ValueError:
             pass
         self._ext_fns = {}
+        self._ext_n = len(self._extensions)
 
     # ---- install / uninstall -----------------------------------------------------------------------
     def install(self, scan_modules: bool = False) -> "Probe":
