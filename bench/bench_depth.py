@@ -8,7 +8,7 @@ which on a shared machine is most of the noise) and on the wall clock.
 
     .venv/bin/python bench/run.py depth                     # full sweep (README figures, ~2-4 min)
     BENCH_QUICK=1 .venv/bin/python bench/run.py depth       # smoke: 10 and 100 calls, a few seconds
-    .venv/bin/python bench/bench_depth.py --quick --variants bare,hooks,probe,probe-noext,proto
+    .venv/bin/python bench/bench_depth.py --quick --variants bare,hooks,probe,probe-noext,probe-global
 
 The machine's load moves absolute step times; the ratios are taken within a round (the blocks of a
 round run back to back), and the IQR says how much they moved.

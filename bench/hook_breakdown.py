@@ -5,7 +5,7 @@ figure the minimum of a few forwards (the least-disturbed one: this measures a f
 on a shared machine), then the median over rounds.
 
     .venv/bin/python bench/hook_breakdown.py [--calls 800] [--rounds 15]
-    .venv/bin/python bench/hook_breakdown.py --calls 1000 --rounds 40 --only "hand-over prototype"
+    .venv/bin/python bench/hook_breakdown.py --calls 1000 --rounds 40 --only "probe handed over, no extensions"
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def _noop_post(m, a, k, o=None):
     return None
 
 
-def variants(tmp: str):
+def variants(tmp: str, model=None):
     """name -> (install, uninstall) pairs."""
-    from proto_handover import HandOver, Outermost, _remove_global
+    from diag.probe.handover import remove_global_hook as _remove_global
 
     def glob(pre: bool, post: bool):
         hs = []
@@ -52,17 +52,30 @@ def variants(tmp: str):
                 _remove_global(hs.pop())
         return on, off
 
-    def probe(ext: str):
+    def probe(ext: str, handover: bool = False):
+        """diag's probe; with ``handover`` it is installed the way `diag.watch()` does (the model
+        exists: found by the install's scan), one outermost forward is made in its discovery window
+        and the window is closed (a step would close it): inner modules are then on the fast path.
+        Without it, the probe keeps its global hooks for the whole run (DIAG_PROBE_HANDOVER=0)."""
         state = {}
 
         def on():
+            import os
+
             from diag.probe.core import FileSink, Probe
             from diag.probe.extensions import load_extensions
 
             sink = FileSink(f"{tmp}/ev-{time.monotonic_ns()}.jsonl")
             exts = load_extensions() if ext == "all" else load_extensions([ext]) if ext else []
             p = Probe(sink, extensions=exts)
-            p.install()
+            os.environ["DIAG_PROBE_HANDOVER"] = "1" if handover else "0"
+            try:
+                p.install(scan_modules=handover)
+            finally:
+                os.environ.pop("DIAG_PROBE_HANDOVER", None)
+            if handover:
+                model(torch.randn(16, 32))         # one outermost forward in the window
+                p._handover._hand_over()
             state["p"], state["s"] = p, sink
 
         def off():
@@ -74,27 +87,15 @@ def variants(tmp: str):
                     nn_module._global_forward_hooks_with_kwargs.pop(h, None)
         return on, off
 
-    def proto(model):
-        state = {}
-
-        def on():
-            h = HandOver(Outermost()).install(scan=True)   # the model exists: hooked as a root
-            model(torch.randn(16, 32)).sum()               # one outermost forward in the window
-            h._hand_over()                                  # (a step would close the window)
-            state["h"] = h
-
-        def off():
-            state["h"].uninstall()
-        return on, off
-
     return {
         "global pre (empty)": glob(True, False),
         "global post (empty)": glob(False, True),
         "global pre+post (empty)": glob(True, True),
-        "probe hooks, no extensions": probe(""),
-        "probe + perf": probe("diag.probe.perf:PerfProbe"),
-        "probe + all extensions": probe("all"),
-        "hand-over prototype": proto,
+        "probe global hooks, no extensions": probe(""),
+        "probe global hooks + perf": probe("diag.probe.perf:PerfProbe"),
+        "probe global hooks + all extensions": probe("all"),
+        "probe handed over, no extensions": probe("", handover=True),
+        "probe handed over + all extensions": probe("all", handover=True),
     }
 
 
@@ -125,9 +126,8 @@ def main() -> int:
     for _ in range(20):
         model(x)
     with tempfile.TemporaryDirectory() as tmp:
-        vs = variants(tmp)
-        vs = {k: (v(model) if k == "hand-over prototype" else v) for k, v in vs.items()
-              if not a.only or k in a.only.split(",")}
+        vs = variants(tmp, model)
+        vs = {k: v for k, v in vs.items() if not a.only or k in a.only.split(",")}
         names = ["bare"] + list(vs)
         res: dict[str, list[float]] = {n: [] for n in names}
         for r in range(a.rounds):
@@ -147,7 +147,7 @@ def main() -> int:
         m = statistics.median(per)
         out["rows"][n] = {"forward_us": round(statistics.median(res[n]), 1), "us_per_call": round(m, 3),
                           "iqr": [round(q[0], 3), round(q[2], 3)]}
-        print(f"  {n:28s} {statistics.median(res[n]):9.0f} us  {m:+.3f} us/call (IQR {q[0]:+.3f}..{q[2]:+.3f})")
+        print(f"  {n:36s} {statistics.median(res[n]):9.0f} us  {m:+.3f} us/call (IQR {q[0]:+.3f}..{q[2]:+.3f})")
     print(json.dumps(out))
     return 0
 

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
 
 torch = pytest.importorskip("torch")
 
-import proto_handover as proto  # noqa: E402  (its scenarios are plain torch scripts)
+import handover_scenarios as proto  # noqa: E402  (tests/handover_scenarios.py: plain torch scripts)
 from torch import nn  # noqa: E402
 from torch.nn.modules import module as nn_module  # noqa: E402
 

@@ -109,3 +109,43 @@ def test_console_json_and_tui_headers_state_the_probes_share():
     state = UIState(snapshot=SimpleNamespace(evidence=ev, findings=[]))
     one, two = header_lines(state)
     assert "diag's probe 0.4% of the median step" in two.plain
+
+
+def test_the_html_report_shows_the_probes_share_in_its_header():
+    from diag.report.html import render_html
+
+    page = render_html(_evidence(12e-6, 3e-3), [], 0)
+    assert 'data-fact="diag&#x27;s probe"' in page or "data-fact=\"diag's probe\"" in page
+    assert "0.4% of the step" in page
+    assert "diag&#x27;s probe took 0.4% of the median step (12 µs of 3.0 ms)" in page \
+        or "diag's probe took 0.4% of the median step (12 µs of 3.0 ms)" in page
+    # above the threshold the tile is marked
+    page = render_html(_evidence(150e-6, 3e-3), [], 0)
+    assert '<span class="status warn" title=' in page and "5.0% of the step" in page
+
+
+def test_the_fix_for_the_probes_own_hooks_states_its_per_step_time_and_the_step():
+    from diag.evidence.probe import lighten
+
+    fix = lighten({"by_part": {"hooks": 0.042, "sink": 0.005, "FlopCounter": 0.025},
+                   "median_probe_s": 240e-6, "median_step_s": 11.5e-3})
+    assert "probe's hooks" in fix and "~240 µs a step" in fix and "11.5 ms step" in fix
+    assert "a few hundred µs" not in fix
+
+
+def test_one_off_work_does_not_move_the_steady_share():
+    """The probe's one-off work lands in the warm-up steps (environment refresh, first model
+    description), the FLOP-counted step (instrumented) and the rare discovery-window steps (periodic:
+    16, 32, 64, ...): the median over the steady steps is the steady per-step figure."""
+    steps = []
+    for i in range(1, 41):
+        p = 50e-6
+        if i <= probe_cost.PROBE_WARMUP:
+            p = 20e-3                         # install, environment refresh, FLOP counter entered
+        elif i in (16, 32):
+            p = 2e-3                          # a periodic discovery window
+        steps.append({"index": i, "probe_s": p, "total_s": 10e-3, "instrumented": i == 3,
+                      "probe_window": i in (1, 16, 32)})
+    s = probe_cost.summarize(steps)
+    assert s["steps"] == 40 - probe_cost.PROBE_WARMUP
+    assert s["median_probe_s"] == 50e-6 and abs(s["median_step_share"] - 0.005) < 1e-12

@@ -11,7 +11,6 @@ Variants:
                 installs under `diag check`)
   probe-noext   diag's probe without extensions
   probe-global  diag's probe with DIAG_PROBE_HANDOVER=0: global hooks for the whole run (before issue 20)
-  proto         bench/proto_handover.py: the hand-over prototype (discovery window, then local hooks)
 
     python bench/workloads/depth_steps.py --calls 10,100,1000,mlp --variants bare,probe --rounds 8 --steps 30
 """
@@ -30,7 +29,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 
 def build(calls: str):
@@ -93,11 +91,6 @@ class Variant:
                 if own:
                     self.probe_s.append(statistics.median(own))
             self._undo = [done]
-        elif n == "proto":
-            from proto_handover import HandOver, Outermost
-
-            h = HandOver(Outermost()).install()
-            self._undo = [h.uninstall]
         elif n != "bare":
             raise SystemExit(f"depth_steps: unknown variant {n!r}")
         return self

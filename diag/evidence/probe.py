@@ -101,8 +101,14 @@ def lighten(summary: dict) -> str:
         return (f"The largest part is the probe's hooks ({share}), with {sum(windows.values())} discovery "
                 f"windows, most of them for \"{top[0]}\" (each puts a global hook on every module call for one "
                 f"step): e.g. a DataLoader re-created every step, or train()/eval() switched every step.")
-    return (f"The largest part is the probe's hooks ({share}): very short steps (a few hundred µs) make "
-            "the probe's fixed per-step work a visible share; it does not grow with the model.")
+    per_step = summary.get("median_probe_s")
+    step = summary.get("median_step_s")
+    fixed = f" (~{_dur(per_step)} a step)" if per_step else ""
+    on = f" on a {_dur(step)} step" if step else ""
+    return (f"The largest part is the probe's hooks ({share}): its fixed per-step work{fixed} does not grow "
+            f"with the model but is a visible share{on}; steps that do more work each (a larger batch, "
+            "gradient accumulation) lower the share, and DIAG_PROBE_DISABLE=perfprobe,memoryprobe,"
+            "distributedprobe,flopcounter turns the extensions off one by one.")
 
 
 def _get(obj: Any, key: str) -> Any:

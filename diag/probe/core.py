@@ -47,7 +47,8 @@ from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, fi
 from diag.probe.sink import FileSink
 from diag.probe import children
 from diag.probe.steps import StepRules, batch_samples
-from diag.probe.tensors import batch_size_of, first_tensor, grad_tensor, grad_tensors
+from diag.probe.tensors import (batch_size_of, first_tensor, grad_tensor, grad_tensors, on_backward,
+                                output_grad_tensors, samples_of)
 
 # former private names, kept for code that imported them from here
 _is_library_file = is_library_file
@@ -133,6 +134,7 @@ class Probe(StepRules):
         self._models: dict[int, int] = {}        # id(module) -> model id
         self._model_device: dict[int, str] = {}  # model id -> device type of its first parameter
         self._model_refs: dict[int, Any] = {}    # model id -> weakref
+        self._model_inner: dict[int, Any] = {}   # model id -> the module inside its wrappers (DDP, compile)
         self._sites: dict[tuple, dict] = {}
         self._site_counts: dict[str, int] = {}
         self._site_dirty: set[str] = set()
@@ -152,7 +154,6 @@ class Probe(StepRules):
         self._sink_ns = 0                   # emitting events (inside _own_ns)
         self._calls_mark = 0          # handover.window_calls at the previous step event
         self.slow_path_ns = 0.0       # torch's cost of a global hook pair per module call (measured at install)
-        self._own_steps: list[float] = []   # probe_s of the steps that count for timing
         self._init_step_rules()
 
     # ---- events ------------------------------------------------------------------------------------
@@ -160,6 +161,10 @@ class Probe(StepRules):
         return time.perf_counter() - self.t0
 
     def emit(self, kind: str, **data) -> None:
+        self.emit_dict(kind, data)
+
+    def emit_dict(self, kind: str, data: dict) -> None:
+        """:meth:`emit` of a dict the caller hands over (not copied: the per-step event)."""
         if self._forked:
             return
         data["kind"] = kind
@@ -184,25 +189,39 @@ class Probe(StepRules):
         except Exception:
             pass
 
+    @property
+    def extensions(self) -> list:
+        return self._extensions
+
+    @extensions.setter
+    def extensions(self, value) -> None:
+        self._extensions = value
+        self._ext_fns = {}
+        self._ext_n = len(value)
+
     def _ext(self, method: str, *args) -> None:
-        for ext in list(self.extensions):
-            fn = getattr(ext, method, None)
-            if fn is None:
-                continue
+        # the extensions that implement `method`, looked up once per method (issue 20: this runs
+        # several times per step; a getattr per extension and call was a visible part of the step)
+        exts = self._extensions
+        fns = self._ext_fns.get(method)
+        if fns is None or self._ext_n != len(exts):   # (an extension appended to the list: look again)
+            if self._ext_n != len(exts):
+                self._ext_fns = {}
+                self._ext_n = len(exts)
+            fns = self._ext_fns[method] = [(ext, type(ext).__name__, getattr(ext, method))
+                                          for ext in exts if getattr(ext, method, None) is not None]
+        ext_ns = self._ext_ns
+        for ext, name, fn in fns:
             t0 = _ns()
             try:
                 fn(self, *args)
-                name = type(ext).__name__
-                self._ext_ns[name] = self._ext_ns.get(name, 0) + _ns() - t0
+                ext_ns[name] = ext_ns.get(name, 0) + _ns() - t0
             except DiagStop:
                 raise
             except Exception as e:
-                self.report_error(f"{type(ext).__name__}.{method}", e)
+                self.report_error(f"{name}.{method}", e)
                 if method != "uninstall":
-                    try:
-                        self.extensions.remove(ext)
-                    except ValueError:
-                        pass
+                    self.disable(ext)
 
     # ---- the extension interface (diag.probe.context.ProbeContext) -----------------------------------
     @property
@@ -291,9 +310,11 @@ class Probe(StepRules):
 
     def disable(self, extension) -> None:
         try:
-            self.extensions.remove(extension)
+            self._extensions.remove(extension)
         except ValueError:
             pass
+        self._ext_fns = {}
+        self._ext_n = len(self._extensions)
 
     # ---- install / uninstall -----------------------------------------------------------------------
     def install(self, scan_modules: bool = False) -> "Probe":
@@ -341,7 +362,7 @@ class Probe(StepRules):
             probe._before_data(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
             t0 = time.perf_counter()
-            if probe.extensions:
+            if probe._extensions:
                 probe._ext("on_data", "start")
             probe._in_data += 1
             probe._own_ns += _ns() - n0
@@ -355,7 +376,7 @@ class Probe(StepRules):
                 raise
             probe._in_data -= 1
             n0, closed = _ns(), probe.steps_done
-            if probe.extensions:
+            if probe._extensions:
                 probe._ext("on_data", "end")
             probe._on_batch(it, time.perf_counter() - t0, batch, t0)
             if probe.steps_done == closed:   # a step closed in there counted itself
@@ -379,6 +400,20 @@ class Probe(StepRules):
             return out
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
+
+        # the sink may hold the last step events for up to 0.2 s (diag.probe.sink): a script that ends
+        # with os._exit (no atexit, no finally) must not lose them
+        orig_exit = os._exit
+        flush = getattr(self.sink, "flush", None)
+        if callable(flush):
+            def _exit(code, _orig=orig_exit, _flush=flush):
+                try:
+                    _flush()
+                except BaseException:
+                    pass
+                _orig(code)
+
+            self._patch(os, "_exit", _exit)
         try:
             self._install_manual_update(torch)   # diag.probe.steps: the update of a loop without torch.optim
         except Exception as e:
@@ -455,7 +490,7 @@ class Probe(StepRules):
                 self._top_module = module
                 self._top_depth = 1
                 self._seek_model = False
-                if self.extensions:
+                if self._extensions:
                     self._on_forward_start(module)
             else:
                 # a module without parameters (a loss, a bare activation) is not a model: its forward
@@ -471,7 +506,7 @@ class Probe(StepRules):
             self._top_depth = self._depth
             self._seek_model = False
             self._bare_had_model = True
-            if self.extensions:
+            if self._extensions:
                 self._on_forward_start(module)
         return None
 
@@ -537,12 +572,12 @@ class Probe(StepRules):
         try:
             import torch
 
-            outs = grad_tensors(output) if torch.is_grad_enabled() else []
+            outs = output_grad_tensors(output) if torch.is_grad_enabled() else []
             if outs:
                 if step is not None:
                     step.forward_s += end - start
                 for t in outs:
-                    t.register_hook(self._bwd_hook)
+                    on_backward(t, self._bwd_hook)
             elif step is not None:
                 step.eval_s += end - start
         except Exception as e:
@@ -564,9 +599,20 @@ class Probe(StepRules):
             self._ext("on_model", module, info)
         grad = torch.is_grad_enabled()
         # the innermost module's flag: frameworks call .train() on the model, not on its DDP wrapper
-        training = bool(module.training) or bool(getattr(wrappers_of(module)[2], "training", False))
+        training = module.training
+        if not training:
+            ref = self._model_inner.get(mid)
+            inner = ref() if ref is not None else None
+            if inner is None:
+                inner = wrappers_of(module)[2]
+                try:
+                    self._model_inner[mid] = weakref.ref(inner)
+                except TypeError:
+                    pass
+            training = bool(getattr(inner, "training", False))
+        training = bool(training)
         inference = torch.is_inference_mode_enabled()
-        outs = grad_tensors(output) if grad else []     # the backward may start from any of them
+        outs = output_grad_tensors(output) if grad else []     # the backward may start from any of them
         out_t = outs[0] if outs else None
         out_rg = out_t is not None
         dev_type = self._model_device.get(mid)
@@ -622,7 +668,7 @@ class Probe(StepRules):
                 step.sample_site is not None and self.in_repeated_closure())
             if counted:
                 step.micro_batches += 1
-                samples, tokens, _, _ = batch_size_of(args, kwargs, self.last_batch_samples)
+                samples, tokens = samples_of(args, kwargs, self.last_batch_samples)
                 if step.sample_site is None:
                     step.sample_site = skey
                     step.samples, step.tokens = samples, tokens
@@ -637,10 +683,10 @@ class Probe(StepRules):
                 # on every output that needs grad: the loss may use any of them
                 for t in outs:
                     try:
-                        t.register_hook(self._bwd_hook)
+                        on_backward(t, self._bwd_hook)
                     except Exception:
                         pass
-            if self.extensions:
+            if self._extensions:
                 self._ext("on_forward", module, args, kwargs, output, True)
         else:
             e_samples = e_tokens = None
@@ -656,10 +702,10 @@ class Probe(StepRules):
             if out_rg and not self._in_backward:
                 # a graph built outside training mode: find out whether a backward goes through it
                 try:
-                    out_t.register_hook(functools.partial(self._graph_bwd_hook, site))
+                    on_backward(out_t, functools.partial(self._graph_bwd_hook, site))
                 except Exception:
                     pass
-        if not train_fwd and out_rg and self.extensions:
+        if not train_fwd and out_rg and self._extensions:
             # a forward that built an autograd graph outside training (eval mode, grad enabled)
             self._ext("on_graph_forward", module, args, kwargs, output, site)
 
@@ -703,6 +749,9 @@ class Probe(StepRules):
     def _opt_pre(self, opt, args, kwargs):
         if self._forked or not self.active:
             return None
+        ho = self._handover
+        if ho is not None:
+            ho._opt_pre(opt, args, kwargs)   # called from here, not as a hook of its own (one dispatch less)
         step = self.current_step
         if step is not None and step.group_end is not None and id(opt) in step.group:
             self._close_group()    # the same optimizer again: the previous iteration is over (times itself)
@@ -719,6 +768,9 @@ class Probe(StepRules):
             return None
         end = time.perf_counter()
         t0 = _ns()
+        ho = self._handover
+        if ho is not None:
+            ho._opt_post(opt, args, kwargs)
         start = self._opt_start.pop(id(opt), end)
         self._any_optimizer_step = True
         info = self.optimizer_info(opt)
@@ -852,7 +904,7 @@ class Probe(StepRules):
         if self._last_boundary is not None:
             start = self._last_boundary
         self.current_step = _Step(self.steps_done + 1, start)
-        if self.extensions:
+        if self._extensions:
             self._ext("on_step_start", self.current_step.index)
         return self.current_step
 
@@ -892,13 +944,13 @@ class Probe(StepRules):
         }
         if step.eval_s:
             ev["extra"]["eval_s"] = step.eval_s
-        if self.extensions:
+        if self._extensions:
             self._ext("on_step_end", ev)
         self._account_step(ev, step, t_close)
         if self._site_dirty:   # forward counts ride on the step event: one write per step
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
-        self.emit("step", **ev)
+        self.emit_dict("step", ev)
         if not self._env_refreshed and step.index >= 2:
             # flags such as cudnn.benchmark are often set after import: read them again once
             self._env_refreshed = True
@@ -931,8 +983,6 @@ class Probe(StepRules):
         ev["probe_s"] = round(probe_s, 9)
         if in_window:
             ev["probe_window"] = True
-        if not step.instrumented:
-            self._own_steps.append(probe_s)
 
     def _flush_sites(self) -> None:
         if self._site_dirty:

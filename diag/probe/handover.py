@@ -126,14 +126,11 @@ class HandOver:
     def install(self, scan: bool = False) -> "HandOver":
         import torch
         from torch.nn.modules import module as nn_module
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
 
         self.active = True
         self._other.append(nn_module.register_module_module_registration_hook(self._on_child))
         self._other.append(nn_module.register_module_parameter_registration_hook(self._on_param))
-        self._other.append(register_optimizer_step_pre_hook(self._opt_pre))
-        self._other.append(register_optimizer_step_post_hook(self._opt_post))
+        # the optimizer signals (_opt_pre / _opt_post) are called by the probe's own optimizer hooks
         me = self
         orig_train = torch.nn.Module.train
 

@@ -70,6 +70,7 @@ class MemoryProbe:
         self._mark_next = False
         self._persistent_done = False
         self._cuda_dev = None            # torch.device when the run uses CUDA
+        self._cuda_available: bool | None = None
         self._device_emitted = False
         self._last_peak = 0
         self._replaying = False
@@ -233,7 +234,10 @@ class MemoryProbe:
         try:
             import torch
 
-            if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            avail = self._cuda_available
+            if avail is None:   # asked once: the per-step path of a CPU run stops here (issue 20)
+                avail = self._cuda_available = bool(torch.cuda.is_available())
+            if not (avail and torch.cuda.is_initialized()):
                 return None
             m = self._model(probe)
             dev = None

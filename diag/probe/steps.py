@@ -29,14 +29,20 @@ import time
 from diag.probe.evalsteps import EvalStepRules
 
 
+from diag.probe import tensors as _tensors
+
+
 def batch_samples(batch) -> int | None:
     """The number of samples in a batch a DataLoader delivered: collated batches stack samples at
     dim 0 of every tensor (a tensor, a tuple/list or dict of tensors, a dataclass); a plain list of
     non-tensors (strings, ids) is one sample per item."""
     try:
-        from diag.probe.tensors import first_tensor
-
-        t = first_tensor(batch)
+        first = batch[0] if type(batch) in (list, tuple) and batch else batch
+        if type(first) is (_tensors._TENSOR or _tensors._tensor_cls()):   # the common case, per batch
+            shape = first.shape
+            if shape:
+                return shape[0]
+        t = _tensors.first_tensor(batch)
         if t is not None and t.dim() > 0:
             return int(t.shape[0])
         if isinstance(batch, list) and batch and not isinstance(batch[0], (list, tuple, dict)):

@@ -77,3 +77,51 @@ def batch_size_of(args, kwargs, hint: int | None = None) -> tuple[int | None, in
         tokens = int(t.numel())
     return samples, tokens, [list(t.shape)], [str(t.dtype).replace("torch.", "")]
 
+
+
+_TENSOR = None     # torch.Tensor, once torch is imported (this module stays importable without it)
+
+
+def _tensor_cls():
+    global _TENSOR
+    if _TENSOR is None:
+        import torch
+
+        _TENSOR = torch.Tensor
+    return _TENSOR
+
+
+def output_grad_tensors(output) -> list:
+    """:func:`grad_tensors` with the common case first (issue 20: per outermost forward): a model
+    returning one plain tensor."""
+    if type(output) is (_TENSOR or _tensor_cls()):
+        return [output] if output.requires_grad else []
+    return grad_tensors(output)
+
+
+def samples_of(args, kwargs, hint: int | None = None) -> tuple[int | None, int | None]:
+    """(samples, tokens) of :func:`batch_size_of`, without its shapes and dtypes; the common case (a
+    plain tensor as the first argument) first (per training forward: the step's hot path)."""
+    t = args[0] if args else None
+    if type(t) is not (_TENSOR or _tensor_cls()):
+        return batch_size_of(args, kwargs, hint)[:2]
+    shape = t.shape
+    if not shape:
+        return None, None
+    samples = shape[0]
+    if hint is not None and samples != hint and hint in shape:
+        samples = hint
+    tokens = None
+    if len(shape) == 2 and not t.is_floating_point() and not t.is_complex():
+        tokens = shape[0] * shape[1]
+    return samples, tokens
+
+
+def on_backward(t, fn):
+    """Call ``fn`` when a backward reaches ``t``: a pre-hook on the node that made it (``fn`` gets that
+    node's output gradients; about half the cost of ``Tensor.register_hook``, which also builds the
+    tensor's hook dictionary), or a tensor hook on a leaf."""
+    node = t.grad_fn
+    if node is not None:
+        return node.register_prehook(fn)
+    return t.register_hook(fn)

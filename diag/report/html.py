@@ -248,6 +248,7 @@ def header_facts(evidence, findings, exit_code: int) -> dict[str, Any]:
         "ranks": s["ranks"], "throughput": thr, "throughput_unit": unit, "gpus": gpus,
         "wall_s": run.wall_s, "simulated": simulated_label(evidence), "counts": s["counts"],
         "run_id": run.id, "launcher": run.launcher,
+        "probe": s.get("probe"),   # diag's probe's own share of the median step (docs/performance.md)
     }
 
 
@@ -352,6 +353,13 @@ def _header(evidence, facts: dict[str, Any]) -> str:
     ]
     if facts["ranks"] > 1:
         tiles.append(("ranks", str(facts["ranks"])))
+    own = facts.get("probe")
+    if own:
+        from diag.evidence import probe as probe_cost
+
+        warn = ' class="status warn"' if own["median_step_share"] > probe_cost.WARN_SHARE else ""
+        tiles.append(("diag's probe", Raw(f'<span{warn} title="{esc(probe_cost.headline(own))}">'
+                                          f'{esc(probe_cost.pct(own["median_step_share"]))} of the step</span>')))
     tiles_html = "".join(
         f'<div class="tile"><div class="k">{esc(k)}</div><div class="v" data-fact="{esc(k)}">'
         f'{v.html if isinstance(v, Raw) else esc(v)}</div></div>' for k, v in tiles)

@@ -1,0 +1,107 @@
+"""The probe's event file (diag/probe/sink.py, issue 20): step events leave the step's thread and are
+written by a writer thread at most FLUSH_S later; every other event writes the waiting ones first, so
+the file keeps the order of emission; a forked child writes nothing; os._exit under the probe loses
+nothing; NaN becomes null."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from diag.probe import sink as sink_mod
+from diag.probe.sink import FileSink
+
+
+def _lines(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_step_events_are_written_by_the_writer_thread_within_the_flush_interval(tmp_path):
+    p = tmp_path / "ev.jsonl"
+    s = FileSink(str(p))
+    try:
+        s({"kind": "step", "index": 1})
+        assert s._thread is not None and s._thread.daemon
+        deadline = time.monotonic() + 10 * sink_mod.FLUSH_S + 5
+        while time.monotonic() < deadline and not _lines(p):
+            time.sleep(0.02)
+        assert _lines(p) == [{"kind": "step", "index": 1}]
+        assert s.writer_ns > 0
+    finally:
+        s.close()
+    assert not s._thread.is_alive()
+
+
+def test_other_events_write_the_waiting_steps_first_and_close_writes_the_rest(tmp_path):
+    p = tmp_path / "ev.jsonl"
+    s = FileSink(str(p))
+    s({"kind": "step", "index": 1})
+    s({"kind": "step", "index": 2})
+    s({"kind": "set", "path": "x", "value": 1})          # written now, after the two steps
+    assert [e.get("index", e["kind"]) for e in _lines(p)] == [1, 2, "set"]
+    s({"kind": "step", "index": 3, "total_s": float("nan")})
+    s.close()
+    got = _lines(p)
+    assert [e.get("index", e["kind"]) for e in got] == [1, 2, "set", 3]
+    assert got[-1]["total_s"] is None                   # NaN has no JSON spelling
+    s({"kind": "step", "index": 4})                      # after close: dropped, no error
+    assert len(_lines(p)) == 4
+
+
+def test_a_full_disk_in_the_writer_thread_reaches_the_next_call(tmp_path, monkeypatch):
+    s = FileSink(str(tmp_path / "ev.jsonl"))
+    try:
+        def full(*a, **k):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(s, "_write", full)
+        s({"kind": "step", "index": 1})
+        deadline = time.monotonic() + 10 * sink_mod.FLUSH_S + 5
+        while time.monotonic() < deadline and s._error is None:
+            time.sleep(0.02)
+        with pytest.raises(OSError):
+            s({"kind": "step", "index": 2})
+    finally:
+        monkeypatch.undo()
+        s.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_writes_nothing(tmp_path):
+    p = tmp_path / "ev.jsonl"
+    s = FileSink(str(p))
+    s({"kind": "step", "index": 1})
+    pid = os.fork()
+    if pid == 0:                     # the child: a DataLoader worker would be here
+        try:
+            s({"kind": "set", "path": "child"})
+            s({"kind": "step", "index": 99})
+            s.flush()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    s.close()
+    assert [e.get("index", e["kind"]) for e in _lines(p)] == [1]
+
+
+def test_a_script_that_ends_with_os_exit_loses_no_step_event(tmp_path):
+    script = tmp_path / "exits.py"
+    script.write_text(textwrap.dedent("""
+        import os, torch
+        m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), 0.1)
+        for _ in range(4):
+            opt.zero_grad(); m(torch.randn(8, 4)).sum().backward(); opt.step()
+        os._exit(0)
+    """))
+    events = tmp_path / "events.jsonl"
+    env = dict(os.environ, DIAG_EVENTS=str(events))
+    r = subprocess.run([sys.executable, "-m", "diag.probe", str(script)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    steps = [e["index"] for e in _lines(events) if e["kind"] == "step"]
+    assert steps == [1, 2, 3, 4]     # all written well within FLUSH_S: only the os._exit patch saves them
