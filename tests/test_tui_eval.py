@@ -74,8 +74,21 @@ async def test_cost_tab_prices_evaluation_from_the_measured_throughput(monkeypat
         text = widget_text(app, "#cost-main", 120)
         assert "evaluation at the measured rate" in text
         assert pane.result.main.eval is None        # not priced twice (the formula would call samples tokens)
+        note = widget_text(app, "#cost-note", 120)
+        assert "an evaluation run has no training step to measure" in note
+        assert "formula only" not in note and "0 step(s)" not in note
     app = replay_app("cost", evidence=_train_with_eval(), findings=[], scenario=None)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.5)
         text = widget_text(app, "#cost-main", 120)
         assert "evaluation took" in text and "every 20 steps would save" in text
+
+
+async def test_checks_summary_of_an_evaluation_run_counts_evaluation_steps():
+    ev = _eval_only()
+    ev.run.status = "completed"
+    app = replay_app("checks", evidence=ev, findings=[])
+    async with app.run_test(size=(110, 40)) as pilot:
+        await pilot.pause(0.3)
+        text = widget_text(app, "#checks-summary", 110)
+        assert "judged on the whole run (20 evaluation steps)" in text and "(0 steps)" not in text

@@ -127,7 +127,10 @@ def prefill(evidence=None, device_names: list[str] | None = None) -> Prefill:
     else:
         if params:
             pre.notes.append(f"the model has {_si_text(params)} parameters; tokens: Chinchilla's 20 per parameter")
-        if pre.why_not_measured:
+        if evidence.ranks and evidence.primary.run_kind() == "evaluation":
+            pre.notes.append("an evaluation run has no training step to measure: training is priced by "
+                             "the formula (6·N·D); evaluation is priced from the measured rate")
+        elif pre.why_not_measured:
             pre.notes.append(f"formula only: {pre.why_not_measured}")
     if params:
         inputs.params = _si_text(params)

@@ -48,10 +48,14 @@ def summary_text(state: UIState) -> Text:
             t.append(" · ")
     ev = state.evidence
     steps = ev.primary.step_stats.count if ev.ranks else 0
+    step = "step"
+    if ev.ranks and not steps and ev.primary.eval_stats.count:
+        # an evaluation run (so far): count its evaluation steps, not "0 steps"
+        steps, step = ev.primary.eval_stats.count, "evaluation step"
     if state.snapshot.final or ev.run.status != "running":
-        t.append(f"   judged on the whole run ({steps} steps)", style="dim")
+        t.append(f"   judged on the whole run ({steps} {step}s)", style="dim")
     else:
-        t.append(f"   re-judged live, last at step {steps}", style="dim")
+        t.append(f"   re-judged live, last at {step} {steps}", style="dim")
     return t
 
 
