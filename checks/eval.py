@@ -277,8 +277,12 @@ def eval_small_batch(ctx):
         evidence=numbers,
         why="Per-forward overhead (Python, dispatch, kernel launches; on a GPU, a nearly idle device) is paid per "
             "batch: larger evaluation batches spread it over more samples.",
-        fix=f"Give the evaluation DataLoader batch_size={target} (or the largest that fits: `diag memory`).",
-        snippet=f"val_loader = DataLoader(val_set, batch_size={target}, shuffle=False)",
+        fix=(f"Give the evaluation DataLoader batch_size={target} (or the largest that fits: `diag memory`)."
+             if loaders else
+             f"Build the evaluation batches with {target} samples where the evaluation loop makes them (the "
+             f"batches are not from a DataLoader here; a get_batch-style helper can take the batch size as an "
+             f"argument), or the largest that fits: `diag memory`."),
+        snippet=(f"val_loader = DataLoader(val_set, batch_size={target}, shuffle=False)" if loaders else None),
         location=loc(where),
     )
 

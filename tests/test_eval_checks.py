@@ -90,6 +90,12 @@ def test_small_batch_warns_over_many_batches_and_respects_the_memory_plan():
     (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, total_s=0.002, samples=1).build())
     assert f.severity == Severity.WARNING and f.evidence["eval_batch"] == 1
     assert f.evidence["samples_per_s"] == pytest.approx(500.0)
+    assert "DataLoader batch_size=64" in f.fix and "DataLoader(" in f.snippet
+    # batches made by a get_batch-style helper (nanoGPT's estimate_loss): no DataLoader to point at
+    b = EvidenceBuilder().environment(cpu_count=8)
+    (f,) = run_check("eval.small-batch", b.eval_model().eval_steps(64, total_s=0.002, samples=1).build())
+    assert f.severity == Severity.WARNING and "DataLoader batch_size" not in f.fix and not f.snippet
+    assert "where the evaluation loop makes them" in f.fix
     (f,) = run_check("eval.small-batch", _eval_run().eval_steps(8, total_s=0.002, samples=1).build())
     assert f.severity == Severity.PASS            # too few batches to matter
     (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, samples=64).build())
