@@ -129,6 +129,10 @@ def test_every_step_event_carries_the_probes_own_time_and_the_run_its_cost(monke
     assert c["own_s"] >= sum(s["probe_s"] for s in steps if not s.get("probe_window")) - 1e-9
     assert {"hooks", "sink"} <= set(c["by_part"]) and "FlopCounter" in c["by_part"]
     assert c["slow_path_us_per_call"] >= 0
+    # what the timer cannot see is estimated from the install's calibration and is part of own_s
+    assert c["by_part"]["estimated"] == c["estimated_s"] >= 0
+    assert abs(c["own_s"] - c["timed_s"] - c["estimated_s"]) < 1e-9
+    assert set(c["calibration_us"]) == {"global_hook_pair_per_module_call", "hooked_forward", "backward_callbacks"}
     # FLOPs are still counted, and the same as under global hooks (the forward's start now comes
     # from the probe's on_forward_start, not from a global pre-hook of the FLOP counter's own)
     ref, _, _ = _run(script, False, monkeypatch, extensions=load_extensions())
@@ -220,3 +224,27 @@ def test_a_deep_copy_shares_the_hooks_and_outlives_the_probe_quietly(monkeypatch
     n, depth = len(events), probe._depth
     ema(torch.randn(2, 8))                    # still carries the shared hook object: it does nothing now
     assert len(events) == n and probe._depth == depth
+
+
+def test_the_estimated_part_prices_each_hooked_forward_and_backward(monkeypatch):
+    """probe_s = the timed work + (hooked forwards, backward callbacks, window module calls) of the
+    step priced by the install's calibration: with prices set large, every steady step's probe_s holds
+    one hooked forward (1 ms) and one backward (2 ms)."""
+    monkeypatch.setenv("DIAG_PROBE_HANDOVER", "1")
+    events: list[dict] = []
+    probe = Probe(events.append)
+    probe.install()
+    assert probe.hooked_call_ns >= 0 and probe.autograd_hook_ns >= 0 and probe.slow_path_ns >= 0
+    probe.hooked_call_ns, probe.autograd_hook_ns = 1e6, 2e6
+    try:
+        proto._train(proto._mlp(), 10)
+        probe.finish("completed", 0)
+    finally:
+        probe.uninstall()
+    steady = [s for s in _steps(events) if not s.get("probe_window")]
+    assert len(steady) >= 5
+    for s in steady[1:-1]:
+        assert 3e-3 <= s["probe_s"] < 3e-3 + 0.5, s
+    [cost] = [e["value"] for e in events if e["kind"] == "merge" and e.get("path") == "probe"]
+    assert cost["estimated_s"] >= 3e-3 * len(steady[1:-1])
+    assert cost["calibration_us"]["hooked_forward"] == 1000.0
