@@ -248,3 +248,20 @@ def test_the_estimated_part_prices_each_hooked_forward_and_backward(monkeypatch)
     [cost] = [e["value"] for e in events if e["kind"] == "merge" and e.get("path") == "probe"]
     assert cost["estimated_s"] >= 3e-3 * len(steady[1:-1])
     assert cost["calibration_us"]["hooked_forward"] == 1000.0
+
+
+def test_extensions_with_nothing_left_to_do_leave_the_per_step_path(monkeypatch):
+    """FlopCounter after its counted step and MemoryProbe after capturing a training batch go idle on
+    their per-forward hooks (Probe.idle): the probe stops calling them, the other extensions go on."""
+    from diag.probe.extensions import load_extensions
+
+    monkeypatch.delenv("DIAG_PROBE_DISABLE", raising=False)
+    events, probe, _ = _run(lambda: proto._train(proto._mlp(), 8), True, monkeypatch, extensions=load_extensions())
+    names = {m: [n for _, n, _ in probe._ext_fns.get(m, [])] for m in ("on_forward", "on_forward_start")}
+    probe._ext("on_forward_start", None)   # rebuild a dispatch list that idle() dropped
+    names["on_forward_start"] = [n for _, n, _ in probe._ext_fns["on_forward_start"]]
+    assert "FlopCounter" not in names["on_forward_start"] and "FlopCounter" not in names["on_forward"]
+    assert "MemoryProbe" not in names["on_forward"] and "PerfProbe" in names["on_forward"]
+    # what they recorded is still there
+    assert any(e["kind"] == "set" and e.get("path") == "flops.measured" for e in events)
+    assert any(e["kind"] == "set" and e.get("path") == "memory.capture" for e in events)

@@ -205,6 +205,7 @@ class Probe(StepRules):
         self._extensions = value
         self._ext_fns = {}
         self._ext_n = len(value)
+        self._ext_idle: set = set()     # (id(extension), method) no longer called (Probe.idle)
 
     def _ext(self, method: str, *args) -> None:
         # the extensions that implement `method`, looked up once per method (issue 20: this runs
@@ -215,8 +216,10 @@ class Probe(StepRules):
             if self._ext_n != len(exts):
                 self._ext_fns = {}
                 self._ext_n = len(exts)
+            idle = self._ext_idle
             fns = self._ext_fns[method] = [(ext, type(ext).__name__, getattr(ext, method))
-                                          for ext in exts if getattr(ext, method, None) is not None]
+                                          for ext in exts if getattr(ext, method, None) is not None
+                                          and (id(ext), method) not in idle]
         ext_ns = self._ext_ns
         for ext, name, fn in fns:
             t0 = _ns()
@@ -320,6 +323,12 @@ class Probe(StepRules):
         if ho is not None:
             out.update(ho.summary())
         return out
+
+    def idle(self, extension, method: str) -> None:
+        """Stop calling ``extension``'s ``method``: it has nothing more to do there (issue 20: every
+        call on the per-step path costs, several times its warm cost after a step's work)."""
+        self._ext_idle.add((id(extension), method))
+        self._ext_fns.pop(method, None)
 
     def disable(self, extension) -> None:
         try:
