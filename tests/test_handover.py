@@ -265,3 +265,49 @@ def test_extensions_with_nothing_left_to_do_leave_the_per_step_path(monkeypatch)
     # what they recorded is still there
     assert any(e["kind"] == "set" and e.get("path") == "flops.measured" for e in events)
     assert any(e["kind"] == "set" and e.get("path") == "memory.capture" for e in events)
+
+
+def test_in_steady_state_nothing_of_the_probe_runs_per_module_call_or_per_op(monkeypatch):
+    """Between discovery windows, with every default extension: no global module hook, no torch
+    function or dispatch mode, no patched Tensor method, anomaly detection off, and only the model
+    itself carries the probe's hooks; so inner modules and every op run as without the probe (what
+    is left is per step: docs/performance.md)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from diag.probe.extensions import load_extensions
+
+    monkeypatch.delenv("DIAG_PROBE_DISABLE", raising=False)
+    tensor_methods = {n: getattr(torch.Tensor, n) for n in ("to", "copy_", "cuda", "item", "tolist", "cpu",
+                                                            "numpy", "backward", "register_hook")}
+    seen = []
+
+    def script():
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(20)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(12):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if i >= 8:   # steady: the FLOP-counted step and the install window are over
+                seen.append({
+                    # (the registration hooks stay: they fire only while a module is being built)
+                    "global": [len(getattr(nn_module, n)) for n in (
+                        "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_hooks",
+                        "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
+                        "_global_forward_hooks_always_called") if hasattr(nn_module, n)],
+                    "function_modes": torch._C._len_torch_function_stack(),
+                    "dispatch_modes": len(_get_current_dispatch_mode_stack()),
+                    "anomaly": torch.is_anomaly_enabled(),
+                    "patched": [n for n, f in tensor_methods.items() if getattr(torch.Tensor, n) is not f],
+                    "hooked": [m for m in model.modules() if m._forward_pre_hooks or m._forward_hooks
+                               or m._backward_hooks or m._backward_pre_hooks],
+                    "model": model,
+                })
+
+    _run(script, True, monkeypatch, extensions=load_extensions())
+    assert len(seen) == 4
+    for s in seen:
+        assert not any(s["global"]), s["global"]
+        assert s["function_modes"] == 0 and s["dispatch_modes"] == 0 and not s["anomaly"]
+        assert s["patched"] == []
+        assert s["hooked"] == [s["model"]]
