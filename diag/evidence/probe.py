@@ -74,8 +74,7 @@ def summarize(steps: Iterable[Any], cost: dict | None = None) -> dict | None:
     return out
 
 
-LOWER_BOUND = ("a lower bound: its timed work and a calibrated estimate of torch's dispatch of its hooks; "
-               "the caches its work evicts are not counted")
+LOWER_BOUND = "a lower bound: its timed work plus an estimate of torch's dispatch of its hooks"
 
 
 def headline(summary: dict | None) -> str | None:
