@@ -69,6 +69,11 @@ def summarise(raw: dict) -> dict:
                 continue
             row[v] = _side(cpu[v], cpu["bare"], d["module_calls"])
             row[v]["wall"] = _side(wall[v], wall["bare"], d["module_calls"])
+            nowin = d.get("block_median_step_cpu_s_outside_windows", {}).get(v)
+            if nowin:
+                # the same pairs without the steps a discovery window covered: the steady per-step cost
+                row[v]["outside_windows"] = _side(nowin, cpu["bare"], d["module_calls"])
+                row[v]["outside_windows"]["window_steps_per_block"] = statistics.median(d["window_steps_per_block"][v])
             if v in d.get("probe_steps_seen", {}):
                 row[v]["steps_recorded"] = d["probe_steps_seen"][v]
             own = d.get("probe_s_self", {}).get(v)
@@ -93,7 +98,12 @@ def print_table(res: dict) -> None:
                   f"{w['step_median_ms']:.3f} ms {w['overhead_median_pct']:+.2f}% "
                   f"(IQR {w['overhead_iqr_pct'][0]:+.2f}..{w['overhead_iqr_pct'][1]:+.2f}%) [{r['pairs']} pairs]"
                   + (f" | self-reported {r['self_reported_us']} us/step ({r['self_reported_pct']}%)"
-                     if "self_reported_us" in r else ""),
+                     if "self_reported_us" in r else "")
+                  + (f" | outside windows {r['outside_windows']['overhead_median_pct']:+.2f}% "
+                     f"(IQR {r['outside_windows']['overhead_iqr_pct'][0]:+.2f}..{r['outside_windows']['overhead_iqr_pct'][1]:+.2f}%)"
+                     f" {r['outside_windows']['us_per_module_call']:+.3f} us/call, "
+                     f"{r['outside_windows']['window_steps_per_block']:g} window steps a block"
+                     if "outside_windows" in r else ""),
                   flush=True)
 
 

@@ -8,8 +8,9 @@ from diag.checks.api import Severity, check
 @check(id="probe.overhead", title="diag's probe took a visible share of the step", severity="warning",
        needs=["ranks.steps", "ranks.probe"], tags=["diag", "performance"], docs="docs/performance.md")
 def probe_overhead(ctx):
-    """diag's probe times its own hooks, extensions and event writes in every step (``probe_s``).
-    Above 2% of the median step, verdicts that turn on a few percent of the step (data wait, host
+    """diag's probe times its own hooks, extensions and event writes in every step (``probe_s``),
+    plus an estimate of torch's dispatch of its hooks calibrated at install: a lower bound of its
+    cost. Above 2% of the median step, verdicts that turn on a few percent of the step (data wait, host
     overhead, optimizer share) are less reliable in this run; the finding names the largest part of
     the probe's time and how to switch it off."""
     s = probe_cost.of_evidence(ctx.evidence)

@@ -129,6 +129,10 @@ def test_every_step_event_carries_the_probes_own_time_and_the_run_its_cost(monke
     assert c["own_s"] >= sum(s["probe_s"] for s in steps if not s.get("probe_window")) - 1e-9
     assert {"hooks", "sink"} <= set(c["by_part"]) and "FlopCounter" in c["by_part"]
     assert c["slow_path_us_per_call"] >= 0
+    # what the timer cannot see is estimated from the install's calibration and is part of own_s
+    assert c["by_part"]["estimated"] == c["estimated_s"] >= 0
+    assert abs(c["own_s"] - c["timed_s"] - c["estimated_s"]) < 1e-9
+    assert set(c["calibration_us"]) == {"global_hook_pair_per_module_call", "hooked_forward", "backward_callbacks"}
     # FLOPs are still counted, and the same as under global hooks (the forward's start now comes
     # from the probe's on_forward_start, not from a global pre-hook of the FLOP counter's own)
     ref, _, _ = _run(script, False, monkeypatch, extensions=load_extensions())
@@ -220,3 +224,90 @@ def test_a_deep_copy_shares_the_hooks_and_outlives_the_probe_quietly(monkeypatch
     n, depth = len(events), probe._depth
     ema(torch.randn(2, 8))                    # still carries the shared hook object: it does nothing now
     assert len(events) == n and probe._depth == depth
+
+
+def test_the_estimated_part_prices_each_hooked_forward_and_backward(monkeypatch):
+    """probe_s = the timed work + (hooked forwards, backward callbacks, window module calls) of the
+    step priced by the install's calibration: with prices set large, every steady step's probe_s holds
+    one hooked forward (1 ms) and one backward (2 ms)."""
+    monkeypatch.setenv("DIAG_PROBE_HANDOVER", "1")
+    events: list[dict] = []
+    probe = Probe(events.append)
+    probe.install()
+    assert probe.hooked_call_ns >= 0 and probe.autograd_hook_ns >= 0 and probe.slow_path_ns >= 0
+    probe.hooked_call_ns, probe.autograd_hook_ns = 1e6, 2e6
+    try:
+        proto._train(proto._mlp(), 10)
+        probe.finish("completed", 0)
+    finally:
+        probe.uninstall()
+    steady = [s for s in _steps(events) if not s.get("probe_window")]
+    assert len(steady) >= 5
+    for s in steady[1:-1]:
+        assert 3e-3 <= s["probe_s"] < 3e-3 + 0.5, s
+    [cost] = [e["value"] for e in events if e["kind"] == "merge" and e.get("path") == "probe"]
+    assert cost["estimated_s"] >= 3e-3 * len(steady[1:-1])
+    assert cost["calibration_us"]["hooked_forward"] == 1000.0
+
+
+def test_extensions_with_nothing_left_to_do_leave_the_per_step_path(monkeypatch):
+    """FlopCounter after its counted step and MemoryProbe after capturing a training batch go idle on
+    their per-forward hooks (Probe.idle): the probe stops calling them, the other extensions go on."""
+    from diag.probe.extensions import load_extensions
+
+    monkeypatch.delenv("DIAG_PROBE_DISABLE", raising=False)
+    events, probe, _ = _run(lambda: proto._train(proto._mlp(), 8), True, monkeypatch, extensions=load_extensions())
+    names = {m: [n for _, n, _ in probe._ext_fns.get(m, [])] for m in ("on_forward", "on_forward_start")}
+    probe._ext("on_forward_start", None)   # rebuild a dispatch list that idle() dropped
+    names["on_forward_start"] = [n for _, n, _ in probe._ext_fns["on_forward_start"]]
+    assert "FlopCounter" not in names["on_forward_start"] and "FlopCounter" not in names["on_forward"]
+    assert "MemoryProbe" not in names["on_forward"] and "PerfProbe" in names["on_forward"]
+    # what they recorded is still there
+    assert any(e["kind"] == "set" and e.get("path") == "flops.measured" for e in events)
+    assert any(e["kind"] == "set" and e.get("path") == "memory.capture" for e in events)
+
+
+def test_in_steady_state_nothing_of_the_probe_runs_per_module_call_or_per_op(monkeypatch):
+    """Between discovery windows, with every default extension: no global module hook, no torch
+    function or dispatch mode, no patched Tensor method, anomaly detection off, and only the model
+    itself carries the probe's hooks; so inner modules and every op run as without the probe (what
+    is left is per step: docs/performance.md)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from diag.probe.extensions import load_extensions
+
+    monkeypatch.delenv("DIAG_PROBE_DISABLE", raising=False)
+    tensor_methods = {n: getattr(torch.Tensor, n) for n in ("to", "copy_", "cuda", "item", "tolist", "cpu",
+                                                            "numpy", "backward", "register_hook")}
+    seen = []
+
+    def script():
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(20)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(12):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if i >= 8:   # steady: the FLOP-counted step and the install window are over
+                seen.append({
+                    # (the registration hooks stay: they fire only while a module is being built)
+                    "global": [len(getattr(nn_module, n)) for n in (
+                        "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_hooks",
+                        "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
+                        "_global_forward_hooks_always_called") if hasattr(nn_module, n)],
+                    "function_modes": torch._C._len_torch_function_stack(),
+                    "dispatch_modes": len(_get_current_dispatch_mode_stack()),
+                    "anomaly": torch.is_anomaly_enabled(),
+                    "patched": [n for n, f in tensor_methods.items() if getattr(torch.Tensor, n) is not f],
+                    "hooked": [m for m in model.modules() if m._forward_pre_hooks or m._forward_hooks
+                               or m._backward_hooks or m._backward_pre_hooks],
+                    "model": model,
+                })
+
+    _run(script, True, monkeypatch, extensions=load_extensions())
+    assert len(seen) == 4
+    for s in seen:
+        assert not any(s["global"]), s["global"]
+        assert s["function_modes"] == 0 and s["dispatch_modes"] == 0 and not s["anomaly"]
+        assert s["patched"] == []
+        assert s["hooked"] == [s["model"]]

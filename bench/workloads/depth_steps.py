@@ -52,6 +52,7 @@ class Variant:
         self.name, self.tmp = name, tmp
         self.steps_seen = 0
         self.probe_s: list = []   # per block: the median probe_s the probe reported for itself
+        self.window_steps: set = set()   # the last block's steps covered by a discovery window
         self._n = 0
 
     def __enter__(self):
@@ -90,6 +91,8 @@ class Variant:
                 own = [s["probe_s"] for s in steps[WARMUP[0]:] if not s.get("instrumented") and "probe_s" in s]
                 if own:
                     self.probe_s.append(statistics.median(own))
+                # the steps a discovery window covered (global hooks on every module call for that step)
+                self.window_steps = {s["index"] for s in steps if s.get("probe_window") or s.get("instrumented")}
             self._undo = [done]
         elif n != "bare":
             raise SystemExit(f"depth_steps: unknown variant {n!r}")
@@ -104,7 +107,7 @@ class Variant:
 WARMUP = [6]
 
 
-def block(model, loader, opt, steps: int, warmup: int) -> tuple[float, float]:
+def block(model, loader, opt, steps: int, warmup: int, per_step: list | None = None) -> tuple[float, float]:
     """(median wall time, median thread CPU time) of a step, warm-up steps left out. The CPU time of
     this thread (one intra-op thread, no DataLoader workers: all the step's work) does not count the
     time the thread waited for a core, which on a loaded machine is most of the noise."""
@@ -124,6 +127,8 @@ def block(model, loader, opt, steps: int, warmup: int) -> tuple[float, float]:
             done += 1
             if done >= steps + warmup:
                 break
+    if per_step is not None:
+        per_step.extend(cpu)     # the i-th iteration is the probe's step i + 1
     return statistics.median(times[warmup:]), statistics.median(cpu[warmup:])
 
 
@@ -148,14 +153,23 @@ def main() -> int:
             vs = {v: Variant(v, tmp) for v in variants}
             res: dict = {v: [] for v in variants}
             cpu: dict = {v: [] for v in variants}
+            nowin: dict = {v: [] for v in variants}
+            n_win: dict = {v: [] for v in variants}
             for r in range(a.rounds):                            # alternated: drift hits every side
                 order = variants[r % len(variants):] + variants[:r % len(variants)]
                 for v in order:
+                    per: list = []
                     with vs[v]:
-                        w, c = block(model, loader, opt, a.steps, a.warmup)
+                        w, c = block(model, loader, opt, a.steps, a.warmup, per)
                     res[v].append(w)
                     cpu[v].append(c)
+                    # the same block without the steps a discovery window covered (bare: all steps)
+                    win = vs[v].window_steps
+                    nowin[v].append(statistics.median(t for i, t in enumerate(per[a.warmup:], a.warmup)
+                                                      if i + 1 not in win))
+                    n_win[v].append(sum(1 for i in range(a.warmup, len(per)) if i + 1 in win))
             out[calls] = {"module_calls": n_calls, "block_median_step_s": res, "block_median_step_cpu_s": cpu,
+                          "block_median_step_cpu_s_outside_windows": nowin, "window_steps_per_block": n_win,
                           "probe_steps_seen": {v: vs[v].steps_seen for v in variants if v.startswith("probe")},
                           "probe_s_self": {v: vs[v].probe_s for v in variants if v.startswith("probe")}}
     print(json.dumps(out))

@@ -143,6 +143,12 @@ class ProbeContext(Protocol):
         """Stop calling ``extension``'s hooks (its ``uninstall`` is still called)."""
         ...
 
+    def idle(self, extension: Any, method: str) -> None:
+        """Stop calling one of ``extension``'s hooks (``"on_forward"``, ...) for the rest of the run:
+        it has nothing more to do there. The per-step path stays short (each call on it costs several
+        times its warm cost after a step's work evicted the caches: docs/performance.md)."""
+        ...
+
 
 @runtime_checkable
 class Extension(Protocol):

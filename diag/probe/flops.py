@@ -252,10 +252,18 @@ class FlopCounter:
         except Exception as e:
             probe.report_error("flopcounter.exit", e)
 
+    def _go_idle(self, probe) -> None:
+        """Counted (or given up): the per-forward and step-start hooks have nothing more to do."""
+        idle = getattr(probe, "idle", None)
+        if callable(idle):
+            for m in ("on_forward_start", "on_forward", "on_step_start"):
+                idle(self, m)
+
     def _fail(self, probe, where: str, e: Exception) -> None:
         self.failed = True
         if self.active:
             self._exit(probe)
+        self._go_idle(probe)
         probe.report_error(f"flopcounter.{where}", e)
 
     def _finish(self, probe, idx: int) -> None:
@@ -274,6 +282,7 @@ class FlopCounter:
             pass
         self._exit(probe)
         self.done = True
+        self._go_idle(probe)
         params = sum(m["params"] for m in self._models.values())
         params_ne = sum(m["params_non_embedding"] for m in self._models.values())
         units = self._tokens if (self._token_inputs and self._tokens) else self._samples

@@ -117,6 +117,7 @@ class HandOver:
         self._fruitless: dict[str, int] = {}
         self.outermost_forwards = 0
         self.window_calls = 0                       # module calls seen by the global hooks (windows)
+        self.local_calls = 0                        # calls of modules carrying the probe's local hooks
         self.step_in_window = False                 # a window was open during the current step
         self.steps = 0
         self.windows: list[tuple[int, str]] = []    # (step, reason) of each window opened
@@ -212,6 +213,7 @@ class HandOver:
     def _local_pre(self, module, args):
         if not self.active:          # a deep copy of a hooked module (an EMA) outlives the probe
             return None
+        self.local_calls += 1        # priced by the probe's calibration (its estimated part)
         return self.probe._fwd_pre(module, args)
 
     def _local_post(self, module, args, kwargs, output=None):

@@ -105,6 +105,10 @@ class MemoryProbe:
         if self._spec is not None or self._spec_error is not None:
             return
         self._capture(probe, module, args, kwargs)
+        # a training forward's batch is kept for the rest of the run: nothing more to do per forward
+        idle = getattr(probe, "idle", None)
+        if callable(idle):
+            idle(self, "on_forward")
 
     def on_eval_forward(self, probe, module, args, kwargs, output, site) -> None:
         """An evaluation forward before any training: an evaluation-only run's batch (kept until a

@@ -121,7 +121,7 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
         two.append("  ")
     own = probe_cost.of_evidence(ev)
     if own:
-        two.append(f"diag's probe {probe_cost.pct(own['median_step_share'])} of the median step",
+        two.append(f"diag's probe ≥{probe_cost.pct(own['median_step_share'])} of the median step",
                    style="yellow" if own["median_step_share"] > probe_cost.WARN_SHARE else "dim")
         two.append("  ")
     if state.mode == "replay":
