@@ -158,6 +158,29 @@ def test_max_time_during_the_probes_start_up_gives_no_traceback(tmp_path):
     assert_nothing_left(run_dir)
 
 
+def test_a_stop_that_surfaces_as_another_exception_is_the_stop_not_a_failure(tmp_path):
+    """SIGTERM from --max-time lands in the script; its clean-up raises something else (as numpy does
+    when the stop lands inside its import and an except clause imports it again). The run was
+    stopped by diag: no traceback, exit 0, status timeout, and the report says what it surfaced as."""
+    s = script(tmp_path, "cleanup_raises.py", """
+        import time
+        print("looping", flush=True)
+        try:
+            while True:
+                time.sleep(0.01)
+        finally:
+            raise RuntimeError("clean-up failed after the stop")
+    """)
+    run_dir = tmp_path / "run"
+    r = run_diag("check", "--script", str(s), "--run-dir", str(run_dir), "--max-time", "6",
+                 "--format", "json", "--fail-on", "never", cwd=tmp_path, timeout=120)
+    assert_no_diag_traceback(r.stderr)
+    assert r.code == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["run"]["status"] == "timeout"
+    assert_nothing_left(run_dir)
+
+
 def test_memory_on_a_script_that_fails_before_its_first_batch_exits_3(tmp_path):
     s = script(tmp_path, "early.py", """
         import torch

@@ -83,12 +83,21 @@ def main() -> int:
     except BaseException as e:  # the user's own error: show their traceback, record it
         from diag.probe.core import exception_info
 
-        code = 1
-        info = exception_info(e, probe.steps_done, script)
-        if not os.environ.get("DIAG_DEFER_TRACEBACK"):   # under torchrun diag shows the first failure once
-            sys.stderr.write(info["traceback"])
-            sys.stderr.flush()
-        probe.finish("oom" if is_oom(e) else "failed", code, exception=e)
+        if terminated:
+            # diag asked the script to stop and the stop surfaced as another exception: a half-done
+            # import re-tried by an except clause ("cannot load module more than once per process"
+            # when SIGTERM lands inside numpy's import), an `except Exception` around the loop that
+            # raises something else. It is the stop, not a failure of the script.
+            probe.finish("stopped", 0, reason=("terminated by diag" if world == 1 else
+                                               "terminated by SIGTERM (from diag or torchrun)")
+                         + f" (it surfaced as {type(e).__name__})")
+        else:
+            code = 1
+            info = exception_info(e, probe.steps_done, script)
+            if not os.environ.get("DIAG_DEFER_TRACEBACK"):   # under torchrun diag shows the first failure once
+                sys.stderr.write(info["traceback"])
+                sys.stderr.flush()
+            probe.finish("oom" if is_oom(e) else "failed", code, exception=e)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         probe.uninstall()
