@@ -25,6 +25,7 @@ PAGEABLE_BPS = 12e9
 PIN_WARN_SHARE = 0.05       # estimated pageable copy time >= 5% of the step: warning
 RESPAWN_WARN_SHARE = 0.05   # worker start-up per epoch >= 5% of the epoch: warning
 RESPAWN_INFO_SHARE = 0.01
+EVAL_MIN_STEPS = 6          # timed evaluation steps needed to judge an evaluation run's data wait
 MIN_MAIN_THREAD_GAP_S = 0.0005  # below 0.5 ms between steps nothing can be won back: a DataLoader's own
                                 # per-batch cost (iterator, collate, IPC) is of that order   # >= 1%: info
 
@@ -129,7 +130,8 @@ def dataloader_workers(ctx):
     no pin_memory, and a loader already at that cap gets an info (more workers cannot help). Under
     the Hugging Face Trainer or Lightning the fix names their arguments. In an evaluation-only run
     (an evaluation or batch-inference script) the evaluation loader is judged the same way, on the
-    evaluation steps: the median share of each evaluation step spent waiting for its batch."""
+    evaluation steps: the median share of each evaluation step spent waiting for its batch (skipped
+    with fewer than 6 timed evaluation steps: too few to tell the pipeline from the machine's load)."""
     ev = ctx.evidence
     r = ev.primary
     if not r.dataloaders:
@@ -236,6 +238,12 @@ def _eval_workers(ctx, ev, r):
     tp = r.eval_throughput()
     if not loaders or tp is None or tp.get("data_share") is None:
         yield ctx.skip("An evaluation run with no evaluation step fed by a DataLoader.")
+        return
+    timed = sum(1 for s in r.eval_steps if not s.instrumented)
+    if timed < EVAL_MIN_STEPS:
+        # a median over a handful of sub-millisecond waits is the machine's load, not the pipeline
+        yield ctx.skip(f"Only {timed} evaluation step(s) were timed: too few to judge the evaluation's data "
+                       f"wait (needs {EVAL_MIN_STEPS}).")
         return
     loader = max(loaders, key=lambda d: (d.wait_s, d.batches))
     ph = tp["phases"]

@@ -135,6 +135,10 @@ def test_dataloader_workers_judges_the_evaluation_loader_of_an_evaluation_run():
     ev = _eval_run().eval_steps(20, total_s=0.010, data_s=0.0002, samples=64).build()
     (f,) = run_check("dataloader.workers", ev)
     assert f.severity == Severity.PASS
+    # a handful of batches (`--steps 5`): a median of three sub-millisecond waits is the machine's load
+    ev = _eval_run().eval_steps(5, total_s=0.0019, data_s=0.0006, samples=64).build()
+    (f,) = run_check("dataloader.workers", ev)
+    assert f.severity == Severity.SKIPPED and "too few" in f.message
 
 
 # ---- AMP for evaluation on a capable GPU ------------------------------------------------------------------

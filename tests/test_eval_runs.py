@@ -194,7 +194,9 @@ def test_train_mode_without_no_grad_is_still_an_evaluation_run(diag_cli, tmp_pat
 
 def test_steps_counts_evaluation_steps_in_an_evaluation_run(diag_cli, tmp_path):
     r, rep = check_json(diag_cli, EVAL, "--steps", "5", timeout=TIMEOUT)
-    assert r.code == 0 and rep["run"]["status"] == "stopped"
+    loud = [(f["id"], f["severity"], f["message"]) for f in rep["findings"]
+            if f["severity"] in ("error", "crashed")]
+    assert r.code == 0 and rep["run"]["status"] == "stopped", (rep["run"], loud, r.stderr[-3000:])
     assert "5 evaluation steps" in rep["run"]["stop_reason"]
     assert _evidence(tmp_path)["ranks"][0]["eval_stats"]["count"] == 5
     assert severities(rep, "run.no-steps") == ["pass"]
