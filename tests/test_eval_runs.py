@@ -51,7 +51,8 @@ def test_clean_evaluation_run_is_judged_as_one(diag_cli, tmp_path):
     assert [d["role"] for d in rank["dataloaders"]] == ["eval"]
     # one forward counted with FlopCounterMode, beside 2·N·D
     fe = rank["flops"]["eval"]
-    params = 128 * 512 + 512 + 512 * 512 + 512 + 512 * 2 + 2
+    w = 4096      # eval_only.py WIDTH
+    params = 128 * w + w + w * w + w + w * 2 + 2
     assert fe["params"] == params and fe["samples"] == 64
     assert fe["analytic_flops"] == 2 * params * 64
     assert 0.95 < fe["flops"] / fe["analytic_flops"] <= 1.0       # biases are not multiply-adds
