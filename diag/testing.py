@@ -72,12 +72,16 @@ class EvidenceBuilder:
     def cuda_training(self, device: str = "NVIDIA A100-SXM4-80GB", capability: tuple[int, int] = (8, 0),
                       total_memory: int = 80 << 30, **model: Any) -> "EvidenceBuilder":
         """A CUDA device in the environment and a model trained on it."""
+        return self.model(device=self._cuda_device(device, capability, total_memory), **model)
+
+    def _cuda_device(self, name: str, capability: tuple[int, int], total_memory: int) -> str:
+        """Add a CUDA device to the environment; its torch name (``cuda:<index>``)."""
         env = self.ev.environment
         env.cuda, env.cuda_available = env.cuda or "12.4", True
-        env.devices.append(DeviceInfo(index=len(env.devices), name=device, type="cuda",
+        env.devices.append(DeviceInfo(index=len(env.devices), name=name, type="cuda",
                                       capability=list(capability), total_memory=total_memory))
         env.device_count = len(env.devices)
-        return self.model(device=f"cuda:{len(env.devices) - 1}", **model)
+        return f"cuda:{len(env.devices) - 1}"
 
     def steps(self, n: int, total_s: float = 0.1, data_s: float = 0.0, forward_s: float | None = None,
               backward_s: float | None = None, optimizer_s: float = 0.0, samples: int | None = None,
@@ -134,12 +138,7 @@ class EvidenceBuilder:
     def cuda_eval(self, device: str = "NVIDIA A100-SXM4-80GB", capability: tuple[int, int] = (8, 0),
                   total_memory: int = 80 << 30, **model: Any) -> "EvidenceBuilder":
         """A CUDA device in the environment and a model evaluated on it."""
-        env = self.ev.environment
-        env.cuda, env.cuda_available = env.cuda or "12.4", True
-        env.devices.append(DeviceInfo(index=len(env.devices), name=device, type="cuda",
-                                      capability=list(capability), total_memory=total_memory))
-        env.device_count = len(env.devices)
-        return self.eval_model(device=f"cuda:{len(env.devices) - 1}", **model)
+        return self.eval_model(device=self._cuda_device(device, capability, total_memory), **model)
 
     def eval_steps(self, n: int, total_s: float = 0.01, data_s: float = 0.0, forward_s: float | None = None,
                    h2d_s: float = 0.0, samples: int | None = None, tokens: int | None = None,

@@ -55,8 +55,13 @@ def eval_table(s) -> Table | Text:
     rows = eval_phase_shares(s.eval)
     if not rows:
         return Text("")
+    return Group(eval_text(s), _phase_table(rows, "evaluation step", s.eval["phases"]["total_s"]))
+
+
+def _phase_table(rows, step: str, total_s: float) -> Table:
+    """One row per phase (time, share, a bar) and the step's total: "phase (median <step>)"."""
     table = Table(box=None, pad_edge=False, padding=(0, 1), expand=True, show_edge=False)
-    table.add_column("phase (median evaluation step)", no_wrap=True)
+    table.add_column(f"phase (median {step})", no_wrap=True)
     table.add_column("time", justify="right", no_wrap=True)
     table.add_column("share", justify="right", no_wrap=True)
     table.add_column("", ratio=1, no_wrap=True)
@@ -65,9 +70,8 @@ def eval_table(s) -> Table | Text:
         table.add_row(Text(label, style=style), fmt.ms(secs), fmt.pct(share),
                       ProgressBar(total=1.0, completed=min(share, 1.0), width=None,
                                   complete_style=style, finished_style=style, style="grey23"))
-    table.add_row(Text("evaluation step", style="bold"), Text(fmt.ms(s.eval["phases"]["total_s"]), style="bold"),
-                  "", "")
-    return Group(eval_text(s), table)
+    table.add_row(Text(step, style="bold"), Text(fmt.ms(total_s), style="bold"), "", "")
+    return table
 
 
 def summary_text(s, ev) -> Text:
@@ -114,18 +118,7 @@ def breakdown_table(s) -> Table | Text:
     rows = phase_shares(s.median)
     if not rows:
         return Text("")
-    table = Table(box=None, pad_edge=False, padding=(0, 1), expand=True, show_edge=False)
-    table.add_column("phase (median step)", no_wrap=True)
-    table.add_column("time", justify="right", no_wrap=True)
-    table.add_column("share", justify="right", no_wrap=True)
-    table.add_column("", ratio=1, no_wrap=True)
-    for key, label, secs, share in rows:
-        style = PHASE_STYLE[key]
-        table.add_row(Text(label, style=style), fmt.ms(secs), fmt.pct(share),
-                      ProgressBar(total=1.0, completed=min(share, 1.0), width=None,
-                                  complete_style=style, finished_style=style, style="grey23"))
-    table.add_row(Text("step", style="bold"), Text(fmt.ms(s.median["total_s"]), style="bold"), "", "")
-    return table
+    return _phase_table(rows, "step", s.median["total_s"])
 
 
 def history_label(values: list[float], what: str, unit: str) -> Text:
