@@ -181,7 +181,7 @@ class LoopSim:
         self.clock.launch(gpu_s)
 
     def optimizer(self, gpu_s: float, host_s: float = 0.0002) -> None:
-        self.ext._opt_pre(None, (), {})
+        self.ext.on_optimizer_step(self.ctx, None)
         self.clock.cpu(host_s)
         self.clock.launch(gpu_s)
         end = self.clock.host

@@ -65,14 +65,21 @@ class Variant:
             b = m.register_module_forward_hook(lambda mod, args, kwargs, out=None: None, with_kwargs=True,
                                                always_call=True)
             self._undo = [a.remove, b.remove, lambda: m._global_forward_hooks_with_kwargs.pop(b.id, None)]
-        elif n in ("probe", "probe-noext", "probe-global"):
+        elif n in ("probe", "probe-noext", "probe-global") or n.startswith("probe-without:"):
             from diag.probe.core import FileSink, Probe
             from diag.probe.extensions import load_extensions
 
             self._n += 1
             self._events = os.path.join(self.tmp, f"{n}-{self._n}.jsonl")
             sink = FileSink(self._events)
-            probe = Probe(sink, extensions=load_extensions() if n != "probe-noext" else [], script=__file__)
+            if n.startswith("probe-without:"):   # e.g. probe-without:perfprobe+memoryprobe
+                os.environ["DIAG_PROBE_DISABLE"] = n.split(":", 1)[1].replace("+", ",")
+            try:
+                exts = load_extensions() if n != "probe-noext" else []
+            finally:
+                if n.startswith("probe-without:"):
+                    os.environ.pop("DIAG_PROBE_DISABLE", None)
+            probe = Probe(sink, extensions=exts, script=__file__)
             if n == "probe-global":
                 os.environ["DIAG_PROBE_HANDOVER"] = "0"
             try:

@@ -149,6 +149,11 @@ class ProbeContext(Protocol):
         times its warm cost after a step's work evicted the caches: docs/performance.md)."""
         ...
 
+    def wake(self, extension: Any, method: str) -> None:
+        """Call that hook again (an extension idles a per-step hook until what it needs shows up, and
+        wakes it then: e.g. on a DDP model in ``on_model``)."""
+        ...
+
 
 @runtime_checkable
 class Extension(Protocol):
@@ -169,6 +174,12 @@ class Extension(Protocol):
     ``on_data(ctx, edge)``                           around each training-loop ``DataLoader.__next__``:
                                                      ``edge`` is ``"start"`` (before the fetch) or ``"end"``
                                                      (the batch arrived, before the step is opened for it).
+    ``on_optimizer(ctx, optimizer)``                 an optimizer is about to take its first step (once
+                                                     per optimizer).
+    ``on_optimizer_step(ctx, optimizer)``            an optimizer's ``step()`` is about to run, every step
+                                                     (from the probe's own optimizer pre-hook: an extension
+                                                     needs no global optimizer hook of its own, each of
+                                                     which torch dispatches on every step).
     ``on_step_start(ctx, index)``                    a step opened (``ctx.current_step`` is it).
     ``on_step_end(ctx, step)``                       a step closed; ``step`` is the step event, still
                                                      mutable: add keys to ``step["extra"]``.
@@ -185,7 +196,7 @@ class Extension(Protocol):
 
 
 HOOKS = ("install", "uninstall", "on_model", "on_forward_start", "on_forward", "on_graph_forward", "on_eval_forward",
-         "on_data",
+         "on_data", "on_optimizer", "on_optimizer_step",
          "on_step_start", "on_step_end", "on_exit")
 
 

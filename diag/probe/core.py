@@ -37,8 +37,8 @@ import weakref
 from typing import Any, Callable
 
 from diag.probe.environment import ENV_ALLOWLIST, environment
-from diag.probe.frames import (exception_info, frame_location, is_library_file, is_oom, set_user_script,
-                               user_frame)
+from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_library_file, is_oom,
+                               set_user_script, user_frame)
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
 from diag.probe.hooks import Patches, remove_hooks
 from diag.probe.quiet import silence_hook_warnings
@@ -139,8 +139,10 @@ class Probe(StepRules):
         self._site_counts: dict[str, int] = {}
         self._site_dirty: set[str] = set()
         self._loaders: dict[int, dict] = {}      # id(loader) -> info
+        self._loaders_by_lid: dict[int, dict] = {}   # info["id"] -> info (per batch: one lookup)
         self._loader_refs: dict[int, Any] = {}
         self._optimizers: dict[int, dict] = {}
+        self._opt_seen: dict[int, Any] = {}      # id(optimizer) -> weakref, once it stepped
         self._last_model = None                  # weakref to the last top-level training model
         self.errors_reported: set[str] = set()
         self._env_refreshed = False
@@ -159,6 +161,7 @@ class Probe(StepRules):
         self.hooked_call_ns = 0.0
         self.autograd_hook_ns = 0.0
         self._bwd_calls = 0           # _bwd_hook invocations (autograd called into the probe)
+        self._bwd_wrapped = False     # backwards are timed by wrapping torch.autograd.backward / grad
         self._est_ns = 0.0            # the estimated part so far (inside own_s, not in _own_ns)
         self._est_marks = (0, 0, 0)   # (window calls, hooked forwards, backward calls) at the previous step event
         self._init_step_rules()
@@ -175,7 +178,7 @@ class Probe(StepRules):
         if self._forked:
             return
         data["kind"] = kind
-        data["t"] = round(self.now(), 6)
+        data["t"] = round(time.perf_counter() - self.t0, 6)
         data["rank"] = self.rank
         t0 = _ns()
         try:
@@ -204,7 +207,8 @@ class Probe(StepRules):
     def extensions(self, value) -> None:
         self._extensions = value
         self._ext_fns = {}
-        self._ext_n = len(value)
+        self._ext_live: dict[str, bool] = {}   # method -> whether any extension implements it (hot paths
+        self._ext_n = len(value)               # check it before calling _ext: a call saved per hook)
         self._ext_idle: set = set()     # (id(extension), method) no longer called (Probe.idle)
 
     def _ext(self, method: str, *args) -> None:
@@ -215,11 +219,13 @@ class Probe(StepRules):
         if fns is None or self._ext_n != len(exts):   # (an extension appended to the list: look again)
             if self._ext_n != len(exts):
                 self._ext_fns = {}
+                self._ext_live = {}
                 self._ext_n = len(exts)
             idle = self._ext_idle
             fns = self._ext_fns[method] = [(ext, type(ext).__name__, getattr(ext, method))
                                           for ext in exts if getattr(ext, method, None) is not None
                                           and (id(ext), method) not in idle]
+            self._ext_live[method] = bool(fns)
         ext_ns = self._ext_ns
         for ext, name, fn in fns:
             t0 = _ns()
@@ -329,6 +335,14 @@ class Probe(StepRules):
         call on the per-step path costs, several times its warm cost after a step's work)."""
         self._ext_idle.add((id(extension), method))
         self._ext_fns.pop(method, None)
+        self._ext_live.pop(method, None)
+
+    def wake(self, extension, method: str) -> None:
+        """Call ``extension``'s ``method`` again after :meth:`idle` (an extension that idles a per-step
+        hook until something it needs shows up: a convolutional model, a DDP model)."""
+        self._ext_idle.discard((id(extension), method))
+        self._ext_fns.pop(method, None)
+        self._ext_live.pop(method, None)
 
     def disable(self, extension) -> None:
         try:
@@ -336,6 +350,7 @@ class Probe(StepRules):
         except ValueError:
             pass
         self._ext_fns = {}
+        self._ext_live = {}
         self._ext_n = len(self._extensions)
 
     # ---- install / uninstall -----------------------------------------------------------------------
@@ -365,6 +380,10 @@ class Probe(StepRules):
         self._handles.append(register_optimizer_step_post_hook(self._opt_post))
 
         probe = self
+        try:
+            self._wrap_backward(torch)
+        except Exception as e:   # the per-forward node hooks time the backward instead
+            self.report_error("autograd.backward", e)
         orig_iter = dl.DataLoader.__iter__
         orig_next = dl._BaseDataLoaderIter.__next__
 
@@ -381,10 +400,12 @@ class Probe(StepRules):
         def __next__(it):
             if not probe.active or probe._forked:
                 return orig_next(it)
-            probe._before_data(time.perf_counter())   # may close the last step: not data wait
+            step = probe.current_step
+            if step is not None and (step.group_end is not None or (step.n_backward and not probe._any_optimizer_step)):
+                probe._before_data(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
             t0 = time.perf_counter()
-            if probe._extensions:
+            if probe._ext_live.get("on_data", True):
                 probe._ext("on_data", "start")
             probe._in_data += 1
             probe._own_ns += _ns() - n0
@@ -398,7 +419,7 @@ class Probe(StepRules):
                 raise
             probe._in_data -= 1
             n0, closed = _ns(), probe.steps_done
-            if probe._extensions:
+            if probe._ext_live.get("on_data", True):
                 probe._ext("on_data", "end")
             probe._on_batch(it, time.perf_counter() - t0, batch, t0)
             if probe.steps_done == closed:   # a step closed in there counted itself
@@ -448,6 +469,53 @@ class Probe(StepRules):
         self._unsilence = silence_hook_warnings()   # torch.compile's warning about diag's global hooks
         self._ext("install")
         return self
+
+    def _wrap_backward(self, torch) -> None:
+        """Time every backward from its call: ``torch.autograd.backward`` (``Tensor.backward`` calls it)
+        and ``torch.autograd.grad``. One Python call per backward, nothing registered per forward and no
+        callback from the autograd engine (issue 20: a node pre-hook per training forward and the engine
+        calling back into Python twice per backward cost more than the whole wrapper)."""
+        import torch.autograd as ag
+
+        probe = self
+
+        def _wrap(orig, name):
+            def wrapper(*args, **kwargs):
+                if probe._in_backward or probe._forked or not probe.active:
+                    return orig(*args, **kwargs)   # nested (a reentrant checkpoint's recomputation), or paused
+                n0 = _ns()
+                probe._in_backward = True
+                start = time.perf_counter()
+                probe._own_ns += _ns() - n0
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    end = time.perf_counter()
+                    probe._in_backward = False
+                    probe._backward_done(start, end)
+
+            wrapper.__wrapped__ = orig
+            wrapper.__name__ = name
+            wrapper.__qualname__ = name
+            wrapper.__doc__ = orig.__doc__
+            wrapper.__module__ = orig.__module__
+            return wrapper
+
+        self._patch(ag, "backward", _wrap(ag.backward, "backward"))
+        self._patch(ag, "grad", _wrap(ag.grad, "grad"))
+        self._bwd_wrapped = True
+
+    def _backward_done(self, start: float, end: float) -> None:
+        t0 = _ns()
+        try:
+            step = self.current_step or self._begin_training(start)
+            step.backward_s += end - start
+            step.n_backward += 1
+        except DiagStop:
+            raise
+        except Exception as e:
+            self.report_error("backward", e)
+        self._own_ns += _ns() - t0
 
     def _after_fork(self) -> None:
         # DataLoader workers (and other forks) inherit the hooks: they must stay silent.
@@ -512,7 +580,7 @@ class Probe(StepRules):
                 self._top_module = module
                 self._top_depth = 1
                 self._seek_model = False
-                if self._extensions:
+                if self._ext_live.get("on_forward_start", True):
                     self._on_forward_start(module)
             else:
                 # a module without parameters (a loss, a bare activation) is not a model: its forward
@@ -528,7 +596,7 @@ class Probe(StepRules):
             self._top_depth = self._depth
             self._seek_model = False
             self._bare_had_model = True
-            if self._extensions:
+            if self._ext_live.get("on_forward_start", True):
                 self._on_forward_start(module)
         return None
 
@@ -556,8 +624,11 @@ class Probe(StepRules):
         if self._depth == self._top_depth - 1 and module is self._top_module:
             if self._depth > 0:          # a model called by a parameterless module: look for another
                 self._top_module, self._top_depth, self._seek_model = None, 0, True
-            if self._handover is not None:
-                self._handover.note(module)
+            ho = self._handover
+            if ho is not None:           # HandOver.note, inlined (per outermost forward)
+                ho.outermost_forwards += 1
+                if id(module) not in ho.known:
+                    ho.learn(module)
         elif self._depth == 0 and self._top_depth == 0:
             self._seek_model = False
             if self._handover is not None:
@@ -598,8 +669,9 @@ class Probe(StepRules):
             if outs:
                 if step is not None:
                     step.forward_s += end - start
-                for t in outs:
-                    on_backward(t, self._bwd_hook)
+                if not self._bwd_wrapped:
+                    for t in outs:
+                        on_backward(t, self._bwd_hook)
             elif step is not None:
                 step.eval_s += end - start
         except Exception as e:
@@ -621,7 +693,7 @@ class Probe(StepRules):
             self._ext("on_model", module, info)
         grad = torch.is_grad_enabled()
         # the innermost module's flag: frameworks call .train() on the model, not on its DDP wrapper
-        training = module.training
+        training = module.training is True
         if not training:
             ref = self._model_inner.get(mid)
             inner = ref() if ref is not None else None
@@ -632,10 +704,15 @@ class Probe(StepRules):
                 except TypeError:
                     pass
             training = bool(getattr(inner, "training", False))
-        training = bool(training)
-        inference = torch.is_inference_mode_enabled()
-        outs = output_grad_tensors(output) if grad else []     # the backward may start from any of them
-        out_t = outs[0] if outs else None
+        # inference mode implies grad mode off: one C call less on a training forward
+        inference = False if grad else torch.is_inference_mode_enabled()
+        if not grad:
+            out_t = None
+        elif type(output) is torch.Tensor:      # the common case, inlined (output_grad_tensors)
+            out_t = output if output.requires_grad else None
+        else:
+            outs = output_grad_tensors(output)
+            out_t = outs[0] if outs else None
         out_rg = out_t is not None
         dev_type = self._model_device.get(mid)
         if dev_type is None:
@@ -645,7 +722,16 @@ class Probe(StepRules):
             ac_dtype = str(torch.get_autocast_dtype(dev_type)).replace("torch.", "") if ac else None
         except Exception:
             ac, ac_dtype = False, None
-        frame = user_frame(3)
+        # the caller (user_frame, inlined: per outermost forward)
+        frame = sys._getframe(2)          # the hook that called _fwd_post; then out through torch
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            lib = _LIB_CACHE.get(fn)
+            if lib is None:
+                lib = is_library_file(fn)
+            if not lib:
+                break
+            frame = frame.f_back
         loc_key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
         key = (mid, loc_key, training, grad, inference, ac_dtype, out_rg)
         site = self._sites.get(key)
@@ -669,10 +755,13 @@ class Probe(StepRules):
         train_fwd = grad and out_rg and (training or site["backpropagated"])
         if train_fwd:
             step = self.current_step
-            if step is not None and step.group_end is not None and step.batches == 0:
-                self._close_group()   # no DataLoader feeds these steps: a training forward begins the next
-            # a new step begins with its first training forward (manual-update scripts)
-            self._before_activity(start)
+            if step is not None:
+                if step.group_end is not None and step.batches == 0:
+                    self._close_group()   # no DataLoader feeds these steps: a training forward begins the next
+                    step = self.current_step
+                if step is not None and step.n_backward and not self._any_optimizer_step:
+                    # a new step begins with its first training forward (manual-update scripts)
+                    self._before_activity(start)
         skey = site["key"]
         self._site_counts[skey] += 1
         self._site_dirty.add(skey)
@@ -683,6 +772,13 @@ class Probe(StepRules):
                 step = self._begin_training(start)
             step.forward_s += dt
             step.n_forward += 1
+            if step.n_forward == 1:
+                # step.extra["pre_forward_s"] (checks/dataloader.py): seconds between the previous step's
+                # end (when the probe finished closing it: its own work is not the user's) and this
+                # step's first training forward, less the DataLoader wait and evaluation forwards in
+                # between: the main thread's own batch building (hand-made batching, .to(device))
+                gap = start - max(step.start, self.step_closed_at) - step.data_s - step.eval_s
+                step.extra["pre_forward_s"] = round(gap if gap > 0 else 0.0, 7)
             # the step's samples: every batch through the call site of its first training forward
             # (gradient accumulation: each micro-batch), not a second model or a second view, and not
             # a closure re-evaluating the same batch (LBFGS)
@@ -701,14 +797,15 @@ class Probe(StepRules):
                         step.tokens = (step.tokens or 0) + tokens
             self.forward_counts_samples = counted
             self._last_model = self._model_refs.get(mid)
-            if not self._in_backward:
-                # on every output that needs grad: the loss may use any of them
-                for t in outs:
+            if not self._in_backward and not self._bwd_wrapped:
+                # (torch.autograd.backward could not be wrapped) on every output that needs grad: the
+                # loss may use any of them
+                for t in output_grad_tensors(output):
                     try:
                         on_backward(t, self._bwd_hook)
                     except Exception:
                         pass
-            if self._extensions:
+            if self._ext_live.get("on_forward", True):
                 self._ext("on_forward", module, args, kwargs, output, True)
         else:
             e_samples = e_tokens = None
@@ -772,14 +869,28 @@ class Probe(StepRules):
     def _opt_pre(self, opt, args, kwargs):
         if self._forked or not self.active:
             return None
+        t0 = _ns()
         ho = self._handover
-        if ho is not None:
+        if ho is not None and id(opt) not in ho._opts:
             ho._opt_pre(opt, args, kwargs)   # called from here, not as a hook of its own (one dispatch less)
         step = self.current_step
         if step is not None and step.group_end is not None and id(opt) in step.group:
+            self._own_ns += _ns() - t0
             self._close_group()    # the same optimizer again: the previous iteration is over (times itself)
-        t0 = _ns()
-        wrapped = self._wrap_closure(opt, args, kwargs)
+            t0 = _ns()
+        ref = self._opt_seen.get(id(opt))
+        if ref is None or ref() is not opt:     # an optimizer's first step (or a new one at a reused id)
+            try:
+                self._opt_seen[id(opt)] = weakref.ref(opt)
+            except TypeError:
+                pass
+            if self._ext_live.get("on_optimizer", True):
+                self._ext("on_optimizer", opt)
+        if self._ext_live.get("on_optimizer_step", True):
+            self._ext("on_optimizer_step", opt)
+        # torch hands the hook (optimizer,) + step()'s own arguments: a closure makes them longer
+        wrapped = self._wrap_closure(opt, args, kwargs) \
+            if kwargs or len(args) > 1 or (args and args[0] is not opt) else None
         if wrapped is not None:
             self._begin_training(time.perf_counter())   # its forwards and backwards run inside
         self._opt_start[id(opt)] = time.perf_counter()
@@ -796,11 +907,11 @@ class Probe(StepRules):
             ho._opt_post(opt, args, kwargs)
         start = self._opt_start.pop(id(opt), end)
         self._any_optimizer_step = True
-        info = self.optimizer_info(opt)
+        info = self._optimizers.get(id(opt)) or self.optimizer_info(opt)
         info["steps"] += 1
         step = self.current_step or self._open_step(start)
         # a closure's forwards and backwards are in their own phases, its other work in "other"
-        step.optimizer_s += max(end - start - self._closure_time(opt), 0.0)
+        step.optimizer_s += max(end - start - (self._closure_time(opt) if self._closure else 0.0), 0.0)
         close = False
         if step.n_backward > 0:
             # the step ends with its optimizer-step group, when the next iteration shows itself
@@ -872,6 +983,7 @@ class Probe(StepRules):
                 bs = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
                 info["batch_size"] = bs if isinstance(bs, int) else None
             self._loaders[id(loader)] = info
+            self._loaders_by_lid[info["id"]] = info
             try:
                 self._loader_refs[id(loader)] = weakref.ref(loader)
             except TypeError:
@@ -893,12 +1005,7 @@ class Probe(StepRules):
 
     def _on_batch(self, it, dt: float, batch=None, t0: float | None = None) -> None:
         lid = getattr(it, "_diag_loader", None)
-        info = None
-        if lid is not None:
-            for i in self._loaders.values():
-                if i["id"] == lid:
-                    info = i
-                    break
+        info = self._loaders_by_lid.get(lid) if lid is not None else None
         if info is not None:
             info["batches"] += 1
             info["wait_s"] += dt
@@ -927,7 +1034,7 @@ class Probe(StepRules):
         if self._last_boundary is not None:
             start = self._last_boundary
         self.current_step = _Step(self.steps_done + 1, start)
-        if self._extensions:
+        if self._ext_live.get("on_step_start", True):
             self._ext("on_step_start", self.current_step.index)
         return self.current_step
 
@@ -967,7 +1074,7 @@ class Probe(StepRules):
         }
         if step.eval_s:
             ev["extra"]["eval_s"] = step.eval_s
-        if self._extensions:
+        if self._ext_live.get("on_step_end", True):
             self._ext("on_step_end", ev)
         self._account_step(ev, step, t_close)
         if self._site_dirty:   # forward counts ride on the step event: one write per step

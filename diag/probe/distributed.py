@@ -113,6 +113,10 @@ class DistributedProbe:
     # ---- lifecycle ---------------------------------------------------------------------------------
     def install(self, probe) -> None:
         self._probe = probe
+        idle = getattr(probe, "idle", None)
+        if callable(idle):   # per-step hooks with nothing to do until a DDP model or a process group
+            idle(self, "on_forward")
+            idle(self, "on_step_end")
         launcher = {}
         for var, key in LAUNCHER_ENV.items():
             v = os.environ.get(var)
@@ -129,6 +133,10 @@ class DistributedProbe:
         if not self.active:
             self.active = True
             probe.emit("set", path="distributed.active", value=True)
+            wake = getattr(probe, "wake", None)
+            if callable(wake):
+                wake(self, "on_forward")
+                wake(self, "on_step_end")
 
     def uninstall(self, probe) -> None:
         self._patches.undo()

@@ -41,9 +41,8 @@ from diag.probe.models import wrappers_of
 from diag.probe.tensors import batch_size_of, grad_tensors
 
 RECOMPUTE_RATIO = 2.2       # backward > 2.2 x forward: recomputed forwards are inside the backward
-EMIT_AFTER = (1, 3, 10)     # emit flops.achieved this many steps after the measured one
-EMIT_EVERY = 200          # then every 200 steps (a summary over up to 1,000 step times: ~0.4 ms; issue 20)
-MAX_TOTALS = 1000
+EMIT_AFTER = (1, 3, 10)     # emit flops.achieved this many steps after the measured one, then go idle:
+MAX_TOTALS = 1000           # diag recomputes it from every step when it judges (diag.cost.measured)
 
 
 def _dtype_precision(dtype, device_type: str) -> tuple[str, str]:
@@ -94,6 +93,7 @@ class FlopCounter:
         self._instrumented: set[int] = set()
         self._instrumented_totals: list[float] = []
         self._totals: list[tuple[int, float, bool]] = []
+        self._achieved_final = False   # flops.achieved written 10 steps after the count: idle since
         self.measured: dict[str, Any] | None = None
         self._last_emit = 0
         self.analytic = False     # compiled model: no counter, 6·N·D from the step's shapes instead
@@ -167,8 +167,14 @@ class FlopCounter:
                         self._enter(probe)
             elif self.measured is not None:
                 after = idx - self.measured["step"]
-                if after in EMIT_AFTER or (after > 0 and idx % EMIT_EVERY == 0):
+                if after in EMIT_AFTER:
                     self._emit_achieved(probe)
+                if after >= EMIT_AFTER[-1]:
+                    # nothing more per step (issue 20): the step events hold every later step time
+                    self._achieved_final = True
+                    idle = getattr(probe, "idle", None)
+                    if callable(idle):
+                        idle(self, "on_step_end")
         except Exception as e:
             self._fail(probe, "on_step_end", e)
 
@@ -176,7 +182,8 @@ class FlopCounter:
         if self.active:
             self._exit(probe)
         if self.measured is not None:
-            self._emit_achieved(probe)
+            if not self._achieved_final:
+                self._emit_achieved(probe)
         elif not self.failed:
             probe.emit("set", path="flops.status",
                        value=f"the run ended after {probe.steps_done} step(s), before step {self.target} "

@@ -25,6 +25,7 @@ forward of each model, so:
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -57,18 +58,17 @@ def remove_global_hook(handle) -> None:
     getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(getattr(handle, "id", None), None)
 
 
-class _Hook:
+class _Hook(functools.partial):
     """A module-local hook that survives ``copy.deepcopy`` as itself (an EMA copy of the model must
     not drag the whole probe, sink file included, into the copy), and pickles to a no-op
-    (``torch.save(model)`` of a whole module during the run)."""
+    (``torch.save(model)`` of a whole module during the run). A ``functools.partial`` of the hook
+    function: calling it is a C call, not one more Python frame per forward (issue 20)."""
 
-    __slots__ = ("fn",)
+    __slots__ = ()
 
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *a):
-        return self.fn(*a)
+    @property
+    def fn(self):
+        return self.func
 
     def __deepcopy__(self, memo):
         return self
@@ -103,7 +103,7 @@ class HandOver:
         self._hooked: dict[int, tuple] = {}        # id(module) -> (weakref, pre handle, post handle)
         self._children: "weakref.WeakSet" = weakref.WeakSet()
         self._compiled_inner: "weakref.WeakSet" = weakref.WeakSet()
-        self._known: set[int] = set()               # ids of modules seen called as outermost
+        self.known: set[int] = set()               # ids of modules seen called as outermost
         self._new: list = []                        # noted since the last hand-over
         self._bare_models: dict[int, bool] = {}     # id(parameterless outermost) -> it called a model
         self._opts: dict[int, int] = {}             # id(optimizer) -> outermost forwards at its last step
@@ -227,7 +227,7 @@ class HandOver:
             r = probe._fwd_post(module, args, None)
         else:
             r = probe._fwd_post(module, args, kwargs, output)
-        if probe._depth == 0 and not probe._in_backward:
+        if probe._depth == 0 and (self.discovering or self._pending is not None) and not probe._in_backward:
             self._after_outermost()
         return r
 
@@ -236,13 +236,18 @@ class HandOver:
         ``had_model``: it called a module with parameters)."""
         self.outermost_forwards += 1
         key = id(module)
-        if key not in self._known:
-            self._known.add(key)
-            self._new.append(weakref.ref(module))
+        if key not in self.known:
+            self.learn(module)
         if bare:
             if self._bare_models.get(key) and not had_model:
                 self.request("wrapper lost its model")    # a wrapper that called a model now calls an unknown one
             self._bare_models[key] = had_model
+
+    def learn(self, module) -> None:
+        """A module seen called as an outermost one for the first time (the probe checks ``known``
+        itself on a model's forward: one set lookup, no call)."""
+        self.known.add(id(module))
+        self._new.append(weakref.ref(module))
 
     def _after_outermost(self) -> None:
         if self.discovering:
@@ -368,7 +373,7 @@ class HandOver:
             if type(parent).__name__ == "OptimizedModule":
                 self._compiled_inner.add(child)    # its hooks would run inside the compiled region
                 self._unhook(child)
-            elif id(child) not in self._known:
+            elif id(child) not in self.known:
                 self._unhook(child)
             self._hook(parent)
         except Exception as e:

@@ -78,24 +78,24 @@ class MemoryProbe:
 
     # ---- interface --------------------------------------------------------------------------------
     def install(self, probe) -> None:
-        # a pre-hook: the probe closes the step in its post-hook, which may run before ours
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        self._hooks.append(register_optimizer_step_pre_hook(self._on_opt_step))
+        self._idle(probe, "on_step_start")   # woken when a step must be marked instrumented (_mark_next)
 
     def uninstall(self, probe) -> None:
         remove_hooks(self._hooks)
 
-    def _on_opt_step(self, opt, args, kwargs):
+    def _idle(self, probe, method: str) -> None:
+        idle = getattr(probe, "idle", None)
+        if callable(idle):
+            idle(self, method)
+
+    def on_optimizer(self, probe, opt) -> None:
+        # at its first step: the optimizers whose state the plan counts
         if self._replaying:
-            return None
-        ref = self._opts.get(id(opt))
-        if ref is None or ref() is not opt:
-            try:
-                self._opts[id(opt)] = weakref.ref(opt)
-            except TypeError:
-                pass
-        return None
+            return
+        try:
+            self._opts[id(opt)] = weakref.ref(opt)
+        except TypeError:
+            pass
 
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
         if self._eval_capture:
@@ -122,6 +122,7 @@ class MemoryProbe:
         if self._mark_next and probe.current_step is not None:
             probe.current_step.instrumented = True
             self._mark_next = False
+            self._idle(probe, "on_step_start")
 
     def on_step_end(self, probe, step: dict) -> None:
         idx = int(step.get("index") or 0)
@@ -133,6 +134,11 @@ class MemoryProbe:
             # one rank is enough (the plan reads rank 0); after an OOM every rank replays its own step
             self._estimate(probe, trigger="requested", budget=_env_float("DIAG_MEMORY_BUDGET_S", 120.0))
             self._mark_next = True
+            wake = getattr(probe, "wake", None)
+            if callable(wake):
+                wake(self, "on_step_start")
+        if self._cuda_available is False and (not self.mode or self._estimated or probe.rank != 0):
+            self._idle(probe, "on_step_end")   # a CPU run: nothing more to do per step
 
     def on_exit(self, probe, status) -> None:
         exc = sys.exc_info()[1]

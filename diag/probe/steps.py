@@ -135,16 +135,11 @@ class StepRules(EvalStepRules):
 
     # ---- fetches, training activity, evaluation ------------------------------------------------------
     def _loader_by_id(self, lid):
-        if lid is None:
-            return None
-        for info in self._loaders.values():
-            if info["id"] == lid:
-                return info
-        return None
+        return self._loaders_by_lid.get(lid) if lid is not None else None
 
     def _set_role(self, lid, role: str) -> None:
-        info = self._loader_by_id(lid)
-        if info is not None and (info.get("role") is None or role == "train"):
+        info = self._loaders_by_lid.get(lid) if lid is not None else None
+        if info is not None and info["role"] != role and (info["role"] is None or role == "train"):
             info["role"] = role
 
     def _fetched(self, lid, t0: float, dt: float) -> None:

@@ -388,9 +388,6 @@ class TimelineProbe:
                 ctx.disable(self)       # CPU machine: zero cost, no hook ever called
                 return
             clock = CudaClock(torch)
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self.rec = TimelineRecorder(clock, now=getattr(clock, "now", time.perf_counter), opened=self._opened)
         self._thread = threading.get_ident()
         self._ctx = ctx
@@ -514,13 +511,9 @@ class TimelineProbe:
         self._copy_open = rec.mark("h2d_pinned_start" if pinned else "h2d_start")
         rec.copy(pinned, nbytes)
 
-    def _opt_pre(self, opt, args, kwargs):
-        if self._on and self.rec is not None and self._ctx.is_live():
-            try:
-                self.rec.mark("optimizer_start")
-            except Exception as e:
-                self._ctx.report_error("TimelineProbe.optimizer", e)
-        return None
+    def on_optimizer_step(self, ctx, opt) -> None:
+        if self._on and self.rec is not None:
+            self.rec.mark("optimizer_start")
 
     def on_step_start(self, ctx, index: int) -> None:
         if self._on and self.rec is not None:

@@ -3,9 +3,6 @@ tuning.py, sync.py): what those checks need that the core probe does not record.
 
 What it writes (the shapes are documented in docs/performance-checks.md):
 
-``step.extra["pre_forward_s"]``  seconds between the previous step's end and this step's first training
-                                 forward, minus the DataLoader wait and eval forwards in between: work the
-                                 main thread did to build the batch (hand-made batching, ``.to(device)``).
 ``amp.scaler``                   GradScaler use: created, enabled, scale()/step() calls, device, where.
 ``extras.eval_graph``            per eval-mode forward site that built an autograd graph: the bytes of
                                  activations the graph kept alive (parameters and inputs excluded), the
@@ -48,8 +45,8 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
     """One extension; each topic's recorder (a module of this package, named after the checks that
     read it: amp, eval, parallel, sync, tuning) keeps its own state and patches, and this class routes
     the probe's hooks to them and writes what changed as ``set``/``merge`` events. What
-    checks/dataloader.py needs beyond the core probe (``pre_forward_s``) is measured in ``on_forward``
-    itself; its ``extras.copies`` are counted in the sync window (:mod:`diag.probe.perf.sync`)."""
+    checks/dataloader.py needs beyond the core probe, ``extras.copies``, is counted in the sync window
+    (:mod:`diag.probe.perf.sync`); ``pre_forward_s`` is the core's (``Probe._on_top_forward``)."""
 
     def __init__(self):
         self._probe = None
@@ -71,6 +68,9 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
         self._torch = torch
         self._install_amp(probe, torch)
         self._install_tuning(probe, torch)
+        idle = getattr(probe, "idle", None)
+        if callable(idle):
+            idle(self, "on_forward")     # woken by the first convolutional model (on_model)
 
     def uninstall(self, probe) -> None:
         self._close_sync(probe, emit=False)
@@ -91,17 +91,12 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
             self._cuda_training = True
         self._model_parallel(module, info)
         self._model_tuning(module, info)
+        wake = getattr(probe, "wake", None)
+        if self._conv_models and callable(wake):
+            wake(self, "on_forward")
 
     def on_forward(self, probe, module, args, kwargs, output, training) -> None:
-        # step.extra["pre_forward_s"] (checks/dataloader.py), inlined: on_forward is the per-step hot
-        # path. Seconds between the previous step's end and this step's first training forward, minus
-        # the DataLoader wait and eval forwards in between: the main thread's own batch building.
-        st = probe.current_step
-        if st is not None and st.n_forward == 1:
-            # from when the probe finished closing the last step (its own work is not the user's)
-            start = max(st.start, probe.step_closed_at)
-            gap = probe.forward_start - start - st.data_s - st.eval_s
-            st.extra["pre_forward_s"] = round(gap if gap > 0 else 0.0, 7)
+        # the training input shapes of convolutional models (cudnn.benchmark): idle until one is seen
         if self._conv_models:
             self._input_shape(probe, module, args)
 

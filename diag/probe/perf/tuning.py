@@ -20,7 +20,6 @@ class TuningRecorder:
         self.input_shapes: dict[str, dict] = {}
         self._shape_sets: dict[int, set] = {}
         self.optimizers: dict[str, dict] = {}
-        self._opts_seen: set[int] = set()
         self.module_zero_grad = {"calls": 0, "set_to_none_false": 0, "s": 0.0, "location": None}
         self.debug = {"steps": 0, "anomaly_steps": 0, "profiler_steps": 0, "anomaly_location": None,
                       "profiler_location": None, "profiler_created": 0}
@@ -30,12 +29,6 @@ class TuningRecorder:
         self._patch_compile(torch)
         self._patch_debug(torch)
         self._patch_module_zero_grad(torch)
-        try:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-            self._hooks.append(register_optimizer_step_pre_hook(self._opt_pre))
-        except Exception as e:
-            probe.report_error("PerfProbe.optimizer hook", e)
 
     # ---- torch.compile -----------------------------------------------------------------------------
     def _patch_compile(self, torch) -> None:
@@ -157,15 +150,11 @@ class TuningRecorder:
         self._patch(Module, "zero_grad", zero_grad)
 
     # ---- optimizers --------------------------------------------------------------------------------
-    def _opt_pre(self, opt, args, kwargs):
-        if id(opt) in self._opts_seen or not self._live():
-            return None
-        self._opts_seen.add(id(opt))
+    def on_optimizer(self, probe, opt) -> None:
         try:
             self._describe_optimizer(opt)
-        except Exception as e:
-            self._probe.report_error("PerfProbe.optimizer", e)
-        return None
+        except Exception as e:   # reported; the rest of PerfProbe goes on
+            probe.report_error("PerfProbe.optimizer", e)
 
     def _describe_optimizer(self, opt) -> None:
         params = [p for g in opt.param_groups for p in g.get("params", [])]
