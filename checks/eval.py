@@ -4,6 +4,7 @@ from __future__ import annotations
 from diag.checks.api import check, cuda_device, fmt_seconds, median, Severity
 
 from ._perf import amdahl, cap_str, capability, guide, short_file, size
+from ._framework import framework_of
 from ._util import pct
 from ._util import loc
 
@@ -127,6 +128,17 @@ def _where(site) -> str:
     return f" at {short_file(site.location)}" if site.location else ""
 
 
+# frameworks whose own evaluation loop chooses no_grad (what the user sees, and why it is not theirs to change)
+_FRAMEWORK_NO_GRAD = {
+    "lightning": "Lightning's Trainer runs the validation inside fit() under no_grad on purpose (its "
+                 "fit loop passes inference_mode=False: inference tensors could not enter training "
+                 "afterwards); trainer.validate() and test() use inference_mode already "
+                 "(Trainer(inference_mode=True), the default).",
+    "transformers": "the Hugging Face Trainer's prediction_step() wraps every evaluation forward in "
+                    "torch.no_grad(), and TrainingArguments has no switch for inference_mode.",
+}
+
+
 @check(id="eval.inference-mode", title="Evaluation under no_grad where inference_mode would do", severity="info",
        needs=["ranks.forwards", "ranks.eval_steps"], tags=["eval"],
        docs="https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html")
@@ -137,7 +149,8 @@ def eval_inference_mode(ctx):
     little faster for the same results; its tensors cannot enter autograd later, which evaluation
     never needs. Info, once per call site. Forwards inside a training step (a teacher under no_grad
     whose output meets the student's graph) are not judged. The saving is not measured: one run runs
-    each forward one way only."""
+    each forward one way only. Under Lightning's fit() and the Hugging Face Trainer the no_grad is the
+    framework's own choice, with no switch to change it: passed, with that said."""
     r = ctx.evidence.primary
     sites = eval_sites(r)
     if not sites:
@@ -148,6 +161,15 @@ def eval_inference_mode(ctx):
         im = sum(s.count for s in sites if s.inference_mode)
         yield ctx.passed(f"{im} of {sum(s.count for s in sites)} evaluation forward(s) ran under inference_mode; "
                          "none under plain no_grad.", title="Evaluation under inference_mode")
+        return
+    fw = framework_of(ctx.evidence)
+    if fw in _FRAMEWORK_NO_GRAD:
+        # the framework opened that no_grad, on purpose, and offers no switch for it: advice to
+        # change the script would be wrong
+        count = sum(s.count for s in ng)
+        yield ctx.passed(f"{count} evaluation forward(s) ran under torch.no_grad(): {_FRAMEWORK_NO_GRAD[fw]} "
+                         "Nothing to change in the script.", title="Evaluation under the framework's no_grad",
+                         framework=fw, forwards=count)
         return
     tp = r.eval_throughput()
     for group in _by_line(ng):

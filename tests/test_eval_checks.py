@@ -58,6 +58,23 @@ def test_inference_mode_info_under_no_grad_and_pass_under_inference_mode():
     assert f.severity == Severity.SKIPPED
 
 
+@pytest.mark.parametrize("framework, says", [("lightning", "inference_mode=False"),
+                                              ("transformers", "prediction_step()")])
+def test_inference_mode_passes_when_the_framework_chose_no_grad(framework, says):
+    """Lightning's fit() validates under no_grad on purpose and the Hugging Face Trainer's
+    prediction_step() always does, with no switch: telling the user to change their script is wrong."""
+    from diag.evidence import FrameworkInfo
+
+    ev = _eval_run(inference_mode=False).eval_steps(8, samples=64).build()
+    ev.primary.framework = FrameworkInfo(name=framework, version="1", entry=None)
+    (f,) = run_check("eval.inference-mode", ev)
+    assert f.severity == Severity.PASS and says in f.message and "Nothing to change" in f.message
+    assert f.evidence == {"framework": framework, "forwards": 8}
+    ev.primary.framework = FrameworkInfo(name="accelerate", version="1", entry=None)   # the user's own loop
+    (f,) = run_check("eval.inference-mode", ev)
+    assert f.severity == Severity.INFO
+
+
 def test_inference_mode_leaves_a_teacher_inside_training_steps_alone():
     # a no_grad forward inside the training steps (a teacher) has no evaluation step: not judged
     b = EvidenceBuilder().model().steps(6)

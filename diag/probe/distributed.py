@@ -274,9 +274,8 @@ class DistributedProbe:
         return None
 
     def _after_local_backward(self):
-        # Runs right after the probe's own end-of-backward callback and before DDP's reducer
-        # callback (queued later, when the last bucket became ready); the callback queued here
-        # runs after DDP's, when the all-reduce of every bucket has been waited for.
+        # Runs before DDP's reducer callback (queued later, when the last bucket became ready); the
+        # callback queued here runs after DDP's, when the all-reduce of every bucket has been waited for.
         self._a = time.perf_counter()
         try:
             import torch
@@ -289,7 +288,10 @@ class DistributedProbe:
         dt = time.perf_counter() - self._a
         self._armed = False
         self._grad_wait += dt
-        self._wait["other"] += dt
+        # in the phase the probe is in: the backward when it times backwards from the
+        # torch.autograd.backward call (the engine runs this callback inside that call), "other" when
+        # its own end-of-backward callback ran before this one (the fallback: a hook on the output)
+        self._wait[self._phase()] += dt
 
     # ---- the script's own collectives --------------------------------------------------------------
     def _patch_collectives(self, probe) -> None:
