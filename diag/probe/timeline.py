@@ -513,7 +513,10 @@ class TimelineProbe:
 
     def on_optimizer_step(self, ctx, opt) -> None:
         if self._on and self.rec is not None:
-            self.rec.mark("optimizer_start")
+            try:
+                self.rec.mark("optimizer_start")
+            except Exception as e:   # reported; the timeline goes on (a raise would disable it)
+                ctx.report_error("TimelineProbe.optimizer", e)
 
     def on_step_start(self, ctx, index: int) -> None:
         if self._on and self.rec is not None:
