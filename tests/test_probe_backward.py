@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+import handover_scenarios as proto  # noqa: E402  (tests/handover_scenarios.py: _mlp, _train)
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
@@ -43,14 +44,8 @@ def test_each_step_has_one_timed_backward_and_no_hook_on_the_output(monkeypatch)
     hooked = []
     monkeypatch.setattr(core, "on_backward", lambda t, fn: hooked.append(t))
     probe, events = _probe(monkeypatch)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     try:
-        for _ in range(6):
-            opt.zero_grad()
-            out = model(torch.randn(4, 8))
-            out.sum().backward()
-            opt.step()
+        proto._train(proto._mlp(), 6)
         probe.finish("completed", 0)
     finally:
         probe.uninstall()
@@ -126,13 +121,8 @@ def test_without_the_wrapper_the_output_hooks_time_the_backward(monkeypatch):
 
     monkeypatch.setattr(Probe, "_wrap_backward", broken)
     probe, events = _probe(monkeypatch)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     try:
-        for _ in range(4):
-            opt.zero_grad()
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
+        proto._train(proto._mlp(), 4)
         probe.finish("completed", 0)
     finally:
         probe.uninstall()
