@@ -37,8 +37,8 @@ import weakref
 from typing import Any, Callable
 
 from diag.probe.environment import ENV_ALLOWLIST, environment
-from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_library_file, is_oom,
-                               set_user_script, user_frame)
+from diag.probe.frames import (exception_info, frame_location, is_library_file, is_oom, set_user_script,
+                               user_frame)
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
 from diag.probe.hooks import Patches, remove_hooks
 from diag.probe.quiet import silence_hook_warnings
@@ -722,16 +722,7 @@ class Probe(StepRules):
             ac_dtype = str(torch.get_autocast_dtype(dev_type)).replace("torch.", "") if ac else None
         except Exception:
             ac, ac_dtype = False, None
-        # the caller (user_frame, inlined: per outermost forward)
-        frame = sys._getframe(2)          # the hook that called _fwd_post; then out through torch
-        while frame is not None:
-            fn = frame.f_code.co_filename
-            lib = _LIB_CACHE.get(fn)
-            if lib is None:
-                lib = is_library_file(fn)
-            if not lib:
-                break
-            frame = frame.f_back
+        frame = user_frame(3)             # the caller, out through the hook and torch
         loc_key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
         key = (mid, loc_key, training, grad, inference, ac_dtype, out_rg)
         site = self._sites.get(key)
@@ -858,12 +849,8 @@ class Probe(StepRules):
 
     def _bwd_end(self):
         end = time.perf_counter()
-        t0 = _ns()
         self._in_backward = False
-        step = self.current_step or self._begin_training(self._bwd_start)
-        step.backward_s += end - self._bwd_start
-        step.n_backward += 1
-        self._own_ns += _ns() - t0
+        self._backward_done(self._bwd_start, end)   # times itself
 
     # ---- optimizer ---------------------------------------------------------------------------------
     def _opt_pre(self, opt, args, kwargs):

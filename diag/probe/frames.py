@@ -18,7 +18,10 @@ def user_frame(start_depth: int = 2):
     f = sys._getframe(start_depth)
     while f is not None:
         fn = f.f_code.co_filename
-        if not (is_library_file(fn)):
+        lib = _LIB_CACHE.get(fn)          # the cache first: called per outermost forward (issue 20)
+        if lib is None:
+            lib = is_library_file(fn)
+        if not lib:
             return f
         f = f.f_back
     return None
