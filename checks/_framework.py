@@ -50,6 +50,11 @@ def knob(framework: str | None, what: str, **v) -> tuple[str, str] | None:
             return ("The Trainer wraps the model in DDP: set TrainingArguments(ddp_find_unused_parameters=False) "
                     "(or leave it unset: the Trainer then decides from gradient checkpointing).",
                     "args = TrainingArguments(..., ddp_find_unused_parameters=False)")
+        if what == "compile":
+            return ("The Trainer compiles the model when asked: set TrainingArguments(torch_compile=True) on a "
+                    "long run once the data pipeline keeps up; compare step times after the first (compiling) "
+                    "steps.",
+                    "args = TrainingArguments(..., torch_compile=True)   # torch_compile_mode=\"max-autotune\" for long runs")
         if what == "detect_anomaly":
             return ("Remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() from the script "
                     "(TrainingArguments has no such switch: it is the script's own call).",

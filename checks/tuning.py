@@ -305,6 +305,7 @@ def compile_unused(ctx):
         cond = (f"forward+backward take {pct(share)} of the {ms(ph['total_s'])} step; at the 1.43x mean speed-up "
                 f"that saves about {ms(gain_s)} per step, repaying ~{COMPILE_COST_S:.0f} s of compilation after "
                 f"~{breakeven:,} steps" if breakeven else "the step has no forward/backward time to speed up")
+    spoken = knob(framework_of(ctx.evidence), "compile")
     yield ctx.finding(
         severity=Severity.INFO,
         message=f"The model is not compiled. torch.compile pays off when forward+backward dominate the step "
@@ -312,7 +313,9 @@ def compile_unused(ctx):
         evidence=numbers,
         why="torch.compile fuses element-wise ops and cuts Python and kernel-launch overhead; compilation "
             "itself takes from seconds to minutes and recompiles on new input shapes.",
-        fix="Try model = torch.compile(model) on a long run once the data pipeline keeps up; compare step "
+        fix=spoken[0] if spoken else
+            "Try model = torch.compile(model) on a long run once the data pipeline keeps up; compare step "
             "times after the first (compiling) steps.",
-        snippet="model = torch.compile(model)   # or model.compile(); mode=\"max-autotune\" for long runs",
+        snippet=spoken[1] if spoken else
+            "model = torch.compile(model)   # or model.compile(); mode=\"max-autotune\" for long runs",
     )

@@ -279,6 +279,19 @@ def test_compile_unused_info_states_break_even():
     assert f.evidence["break_even_steps"] == int(60 / saving) + 1
 
 
+def test_compile_unused_speaks_the_trainers_switch_under_transformers():
+    """A Hugging Face Trainer user compiles through TrainingArguments(torch_compile=True), not by
+    wrapping a model the Trainer builds around; plain PyTorch keeps torch.compile(model)."""
+    from diag.evidence import FrameworkInfo
+
+    ev = cpu_run()
+    ev.primary.framework = FrameworkInfo(name="transformers", version="5", entry=None)
+    f = run("compile.unused", ev)[0]
+    assert f.severity == Severity.INFO
+    assert "TrainingArguments(torch_compile=True)" in f.fix and "torch_compile=True" in f.snippet
+    assert "torch.compile(model)" in run("compile.unused", cpu_run())[0].fix
+
+
 def test_compile_unused_says_data_first_and_passes_when_compiled():
     f = run("compile.unused", cpu_run(data=0.012, fwd=0.003, bwd=0.003))[0]
     assert "fix the data pipeline first" in f.message
