@@ -66,6 +66,39 @@ def test_records_scaler_debug_zero_grad_eval_graph_and_undoes_patches():
     assert findings["amp.fp16-without-scaler"].severity.value == "pass"
 
 
+
+def _debug_after(steps: int, switch_on_at: int) -> dict:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        with diag.watch() as run:
+            for i in range(1, steps + 1):
+                if i == switch_on_at:
+                    torch.set_anomaly_enabled(True)     # torch's C switch: not through the patched API
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(torch.randn(4, 4)), torch.zeros(4, dtype=torch.long)).backward()
+                opt.step()
+    finally:
+        torch.set_anomaly_enabled(False)
+    return run.evidence.primary.extras["debug"]
+
+
+def test_debug_state_switched_on_behind_the_patches_is_found_by_the_sampled_reads():
+    """Until anomaly detection or a profiler is seen on, the per-step reads are sampled (steps 1, 9,
+    17, ...: issue 20); once one is seen every step is read. Switched on before the first step, every
+    step counts; switched on at step 5 without the patched API, counting starts at the next sampled
+    step (9): an undercount of at most DEBUG_EVERY - 1 steps."""
+    from diag.probe.perf import DEBUG_EVERY
+
+    dbg = _debug_after(20, 1)
+    assert dbg["steps"] == 20 and dbg["anomaly_steps"] == 20
+    dbg = _debug_after(20, 5)
+    assert dbg["steps"] == 20 and 20 - 5 + 1 - (DEBUG_EVERY - 1) <= dbg["anomaly_steps"] <= 20 - 5 + 1
+    assert dbg["anomaly_steps"] == 12
+    dbg = _debug_after(20, 0)
+    assert dbg["anomaly_steps"] == 0 and dbg["profiler_steps"] == 0
+
 def test_graph_saved_bytes_excludes_parameters_and_inputs():
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8), nn.Sigmoid())
     x = torch.randn(10, 16)

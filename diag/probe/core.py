@@ -55,6 +55,34 @@ _is_library_file = is_library_file
 _has_parameters = has_parameters
 _device_type = device_type
 
+
+class _TorchState:
+    """torch's mode readers the outermost forward asks every step, bound once (``Probe.install``): a
+    global read each instead of an ``import torch`` and a lookup in torch's module dict, which after a
+    deep step's work are cache misses of a few microseconds (issue 20)."""
+    torch = None
+    Tensor = None
+    grad = None
+    inference = None
+    autocast = None
+    autocast_dtype = None
+    any_autocast = None
+
+    @classmethod
+    def bind(cls):
+        import torch
+
+        if cls.torch is None:
+            cls.Tensor = torch.Tensor
+            cls.grad = torch.is_grad_enabled
+            cls.inference = torch.is_inference_mode_enabled
+            cls.autocast = torch.is_autocast_enabled
+            cls.autocast_dtype = torch.get_autocast_dtype
+            # one argument-free C call that is False in a run without autocast (most steps of most runs)
+            cls.any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
+            cls.torch = torch
+        return cls
+
 class DiagStop(BaseException):
     """Raised inside the user's script to end it at a step or time limit (unwinds like Ctrl-C,
     so the script's ``finally`` blocks and DataLoader shutdown still run)."""
@@ -149,7 +177,7 @@ class Probe(StepRules):
         self.lock = threading.RLock()
         # issue 20: the hook hand-over and the probe's own cost
         self._handover: HandOver | None = None
-        self._has_params: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._has_params: dict[int, tuple] = {}   # id(module) -> (weakref, has parameters)
         self._own_ns = 0              # the probe's own time (hook bodies, extensions, sink), nanoseconds
         self._own_mark = 0            # _own_ns at the previous step event
         self._ext_ns: dict[str, int] = {}   # per extension (inside _own_ns)
@@ -178,7 +206,10 @@ class Probe(StepRules):
         if self._forked:
             return
         data["kind"] = kind
-        data["t"] = round(time.perf_counter() - self.t0, 6)
+        # rounded to the µs by float arithmetic: round(x, 6) converts through a decimal string, ~0.2 µs
+        # warm and several µs after a deep step's work evicted it from the caches (issue 20); the
+        # printed value is the same
+        data["t"] = int((time.perf_counter() - self.t0) * 1e6 + 0.5) / 1e6
         data["rank"] = self.rank
         t0 = _ns()
         try:
@@ -292,24 +323,21 @@ class Probe(StepRules):
 
     def module_has_parameters(self, module) -> bool:
         """``has_parameters(module)``, cached per module (asked on every outermost forward; a module
-        that gets a parameter later is forgotten by the hand-over's registration hook)."""
+        that gets a parameter later is forgotten by the hand-over's registration hook). Keyed by id with
+        a weak reference that proves the module is the same one: one dict lookup and a C call, where a
+        WeakKeyDictionary's ``get`` is a Python frame (issue 20)."""
+        ent = self._has_params.get(id(module))
+        if ent is not None and ent[0]() is module:
+            return ent[1]
+        v = has_parameters(module)
         try:
-            v = self._has_params.get(module)
+            self._has_params[id(module)] = (weakref.ref(module), v)
         except TypeError:
-            return has_parameters(module)
-        if v is None:
-            v = has_parameters(module)
-            try:
-                self._has_params[module] = v
-            except TypeError:
-                pass
+            pass
         return v
 
     def forget_parameters(self, module) -> None:
-        try:
-            self._has_params.pop(module, None)
-        except TypeError:
-            pass
+        self._has_params.pop(id(module), None)
 
     def own_cost(self) -> dict:
         """The probe's own time so far, by part (seconds), and the hand-over's windows."""
@@ -363,6 +391,7 @@ class Probe(StepRules):
                                            register_optimizer_step_pre_hook)
         from torch.utils.data import dataloader as dl
 
+        _TorchState.bind()
         self.active = True
         set_user_script(self.script)
         self.emit("start", pid=self.pid, host=socket.gethostname(), local_rank=self.local_rank,
@@ -492,7 +521,14 @@ class Probe(StepRules):
                 finally:
                     end = time.perf_counter()
                     probe._in_backward = False
-                    probe._backward_done(start, end)
+                    step = probe.current_step
+                    if step is None:
+                        probe._backward_done(start, end)   # opens the step (times itself)
+                    else:                                  # _backward_done, inlined (per step)
+                        n1 = _ns()
+                        step.backward_s += end - start
+                        step.n_backward += 1
+                        probe._own_ns += _ns() - n1
 
             wrapper.__wrapped__ = orig
             wrapper.__name__ = name
@@ -678,8 +714,7 @@ class Probe(StepRules):
             self.report_error("forward", e)
 
     def _on_top_forward(self, module, args, kwargs, output, start: float, end: float) -> None:
-        import torch
-
+        ts = _TorchState if _TorchState.torch is not None else _TorchState.bind()
         mid = self._models.get(id(module))
         if mid is None or self._model_refs.get(mid) is None or self._model_refs[mid]() is not module:
             mid = len(self._model_refs) + 1
@@ -691,7 +726,7 @@ class Probe(StepRules):
             info = describe_model(module, mid)
             self.emit("model", **info)
             self._ext("on_model", module, info)
-        grad = torch.is_grad_enabled()
+        grad = ts.grad()
         # the innermost module's flag: frameworks call .train() on the model, not on its DDP wrapper
         training = module.training is True
         if not training:
@@ -705,10 +740,10 @@ class Probe(StepRules):
                     pass
             training = bool(getattr(inner, "training", False))
         # inference mode implies grad mode off: one C call less on a training forward
-        inference = False if grad else torch.is_inference_mode_enabled()
+        inference = False if grad else ts.inference()
         if not grad:
             out_t = None
-        elif type(output) is torch.Tensor:      # the common case, inlined (output_grad_tensors)
+        elif type(output) is ts.Tensor:      # the common case, inlined (output_grad_tensors)
             out_t = output if output.requires_grad else None
         else:
             outs = output_grad_tensors(output)
@@ -718,8 +753,8 @@ class Probe(StepRules):
         if dev_type is None:
             dev_type = self._model_device[mid] = device_type(module)
         try:
-            ac = torch.is_autocast_enabled(dev_type)
-            ac_dtype = str(torch.get_autocast_dtype(dev_type)).replace("torch.", "") if ac else None
+            ac = ts.any_autocast() and ts.autocast(dev_type)
+            ac_dtype = str(ts.autocast_dtype(dev_type)).replace("torch.", "") if ac else None
         except Exception:
             ac, ac_dtype = False, None
         frame = user_frame(3)             # the caller, out through the hook and torch
@@ -769,7 +804,7 @@ class Probe(StepRules):
                 # step's first training forward, less the DataLoader wait and evaluation forwards in
                 # between: the main thread's own batch building (hand-made batching, .to(device))
                 gap = start - max(step.start, self.step_closed_at) - step.data_s - step.eval_s
-                step.extra["pre_forward_s"] = round(gap if gap > 0 else 0.0, 7)
+                step.extra["pre_forward_s"] = int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0
             # the step's samples: every batch through the call site of its first training forward
             # (gradient accumulation: each micro-batch), not a second model or a second view, and not
             # a closure re-evaluating the same batch (LBFGS)
@@ -890,8 +925,12 @@ class Probe(StepRules):
         end = time.perf_counter()
         t0 = _ns()
         ho = self._handover
-        if ho is not None:
-            ho._opt_post(opt, args, kwargs)
+        if ho is not None and ho.active:   # HandOver._opt_post, inlined (per step; the probe is live here)
+            opts, fwd = ho._opts, ho.outermost_forwards
+            unexplained = opts.get(id(opt)) == fwd    # stepped twice with no known forward between
+            opts[id(opt)] = fwd
+            if unexplained and not ho.discovering:
+                ho.request("a step no known forward fed")
         start = self._opt_start.pop(id(opt), end)
         self._any_optimizer_step = True
         info = self._optimizers.get(id(opt)) or self.optimizer_info(opt)
@@ -904,7 +943,10 @@ class Probe(StepRules):
             # the step ends with its optimizer-step group, when the next iteration shows itself
             step.group.add(id(opt))
             step.group_end = end
-            close = self._group_complete(step)
+            if self._alive_counted_at == len(self._optimizers):   # _group_complete, inlined (per step)
+                close = len(step.group) >= (self._alive_optimizers or 1)
+            else:
+                close = self._group_complete(step)
         self._own_ns += _ns() - t0
         if close:
             self._close_step(end, "optimizer")   # times itself
@@ -1103,8 +1145,7 @@ class Probe(StepRules):
         est = (w1 - w0) * self.slow_path_ns + (h1 - h0) * self.hooked_call_ns + (b1 - b0) * self.autograd_hook_ns
         self._est_ns += est
         probe_ns += est
-        probe_s = probe_ns / 1e9
-        ev["probe_s"] = round(probe_s, 9)
+        ev["probe_s"] = int(probe_ns + 0.5) / 1e9    # rounded to the ns (see emit_dict)
         if in_window:
             ev["probe_window"] = True
 

@@ -131,7 +131,8 @@ class HandOver:
         self.active = True
         self._other.append(nn_module.register_module_module_registration_hook(self._on_child))
         self._other.append(nn_module.register_module_parameter_registration_hook(self._on_param))
-        # the optimizer signals (_opt_pre / _opt_post) are called by the probe's own optimizer hooks
+        # the optimizer signals come from the probe's own optimizer hooks: _opt_pre below (a new optimizer),
+        # and Probe._opt_post (an optimizer stepped twice with no known forward between: inlined there)
         me = self
         orig_train = torch.nn.Module.train
 
@@ -398,16 +399,6 @@ class HandOver:
         if id(opt) not in self._opts and self._live():
             self._opts[id(opt)] = self.outermost_forwards
             self.request("new optimizer")
-        return None
-
-    def _opt_post(self, opt, args, kwargs):
-        if not self._live():
-            return None
-        fwd = self.outermost_forwards
-        unexplained = fwd == self._opts.get(id(opt))   # stepped twice with no known forward between
-        self._opts[id(opt)] = fwd
-        if unexplained and not self.discovering:
-            self.request("a step no known forward fed")
         return None
 
     def summary(self) -> dict:

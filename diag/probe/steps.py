@@ -78,7 +78,8 @@ class StepRules(EvalStepRules):
     def _group_complete(self, step) -> bool:
         """Every optimizer alive in the process has stepped in this group: the step can close now
         (a single-optimizer loop closes at its optimizer step, as a step's end is then certain).
-        Live optimizers are counted (a gc scan) once per newly seen optimizer."""
+        Live optimizers are counted (a gc scan) once per newly seen optimizer. (Probe._opt_post inlines
+        the case with nothing new to count: change both.)"""
         n = len(self._optimizers)
         if self._alive_counted_at != n:
             self._alive_counted_at = n

@@ -39,6 +39,19 @@ from diag.probe.perf.sync import SYNC_FIRST_STEP, SYNC_MSG, SYNC_STEPS, SyncReco
 from diag.probe.perf.tuning import MAX_SHAPES, TuningRecorder
 
 FLUSH_AT = (1, 2, 5, 10, 20, 50)
+DEBUG_EVERY = 8     # anomaly detection / profiler state read at steps 1, 9, 17, ... until one is seen on
+
+
+def _next_flush(index: int) -> int:
+    """The step after ``index`` at which on_step_end writes what changed: FLUSH_AT, then every 100th."""
+    for k in FLUSH_AT:
+        if k > index:
+            return k
+    return (index // 100 + 1) * 100
+
+
+def _false() -> bool:
+    return False
 
 
 class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, TuningRecorder):
@@ -59,6 +72,9 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
         self._init_parallel()
         self._init_tuning()
         self._init_sync()
+        self._next_flush = FLUSH_AT[0]
+        self._anomaly_on = self._profiler_on = _false    # bound to torch's at install
+        self._debug_watch = False    # read the debug state every step (one was seen on)
 
     # ---- install / uninstall -----------------------------------------------------------------------
     def install(self, probe) -> None:
@@ -66,6 +82,8 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
 
         self._probe = probe
         self._torch = torch
+        self._anomaly_on = torch.is_anomaly_enabled
+        self._profiler_on = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", _false)
         self._install_amp(probe, torch)
         self._install_tuning(probe, torch)
         idle = getattr(probe, "idle", None)
@@ -102,23 +120,29 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
 
     # ---- steps -------------------------------------------------------------------------------------
     def on_step_end(self, probe, step) -> None:
-        # tuning's per-step debug count, inlined: on_step_end is the per-step hot path
-        torch = self._torch
+        # tuning's per-step debug count, inlined: on_step_end is the per-step hot path, and after a deep
+        # step's work each C call and module-dict lookup here is a cache miss of microseconds (issue 20).
+        # Anomaly detection and profilers are read every step once one was seen (switched on through
+        # torch's API, which tuning.py patches, or found on by a read); until then every DEBUG_EVERY-th step
         d = self.debug
         d["steps"] += 1
-        try:
-            if torch.is_anomaly_enabled():
-                d["anomaly_steps"] += 1
-                self._dirty.add("debug")
-            if torch._C._autograd._profiler_enabled():
-                d["profiler_steps"] += 1
-                self._dirty.add("debug")
-        except Exception:
-            pass
         index = step.get("index", 0)
+        if self._debug_watch or index % DEBUG_EVERY == 1:
+            try:
+                if self._anomaly_on():
+                    d["anomaly_steps"] += 1
+                    self._debug_watch = True
+                    self._dirty.add("debug")
+                if self._profiler_on():
+                    d["profiler_steps"] += 1
+                    self._debug_watch = True
+                    self._dirty.add("debug")
+            except Exception:
+                pass
         if self._sync_open or (self._cuda_training and not self._sync_done):   # no call on CPU runs
             self._sync_step(probe, index)
-        if index in FLUSH_AT or index % 100 == 0:
+        if index >= self._next_flush:
+            self._next_flush = _next_flush(index)
             self._flush(probe)
 
     def on_exit(self, probe, status) -> None:

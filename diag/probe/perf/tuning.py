@@ -113,6 +113,7 @@ class TuningRecorder:
             self._patch(owner, "__init__", make(orig_init))
 
     def _located(self, key: str) -> None:
+        self._debug_watch = True    # on_step_end reads the state every step from now on
         if not self._live() or self.debug.get(key) is not None:
             return
         try:
