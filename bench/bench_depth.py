@@ -1,17 +1,22 @@
 """The probe's cost against model depth (issue 20): steps of nn.Sequential(Linear(32, 32), ReLU, ...)
 with 10, 100, 800 and 1,000 module calls per forward (batch 16) and the MLP workload, one intra-op
-thread, bare vs under the probe in alternated paired blocks inside one process
-(bench/workloads/depth_steps.py). Reports per depth: the median step time per side, the median
-overhead with its inter-quartile range, and the probe's microseconds per module call; each on the
-step thread's CPU time (the headline figure: it leaves out the time the thread waited for a core,
-which on a shared machine is most of the noise) and on the wall clock.
+thread (bench/workloads/depth_steps.py). Two measurements per depth, on the step thread's CPU time
+(it leaves out the time the thread waited for a core, which on a shared machine is most of the noise):
 
-    .venv/bin/python bench/run.py depth                     # full sweep (README figures, ~2-4 min)
+* **steady state** (the headline: what a long job pays): one probe installed for thousands of steps,
+  steps in cycles of six (two active, two paused, two with the probe taken out of torch), adjacent
+  steps compared inside one process: the probe's work (active - paused), the floor of its hooks
+  (paused - bare) and the total (active - bare), 10%-trimmed means with the spread over 10 chunks of
+  cycles; and the total's growth per extra module call between the shallowest and deepest Sequential.
+* **a fresh probe's first steps**: alternated blocks of 30 steps (after 6 warm-up steps), bare and
+  under a probe installed for the block; the median overhead with its IQR. It includes what a probe
+  pays once (discovery windows, the blocks' 8-batch epochs reopening them) and moves with the memory
+  layout each block's allocations leave (a few percent at depth on a shared VM).
+
+    .venv/bin/python bench/run.py depth                     # full sweep (README figures, ~8 min)
     BENCH_QUICK=1 .venv/bin/python bench/run.py depth       # smoke: 10 and 100 calls, a few seconds
-    .venv/bin/python bench/bench_depth.py --quick --variants bare,hooks,probe,probe-noext,probe-global
-
-The machine's load moves absolute step times; the ratios are taken within a round (the blocks of a
-round run back to back), and the IQR says how much they moved.
+    .venv/bin/python bench/bench_depth.py --calls 800 --rounds 2 --steps 4 --steady 1000   # one depth, steady
+    .venv/bin/python bench/bench_depth.py --quick --variants bare,hooks,probe,probe-noext,probe-global,probe-paused
 """
 from __future__ import annotations
 
@@ -26,16 +31,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "bench" / "workloads" / "depth_steps.py"
 
-FULL = {"calls": "10,100,800,1000,mlp", "rounds": 10, "steps": 30}
-QUICK = {"calls": "10,100", "rounds": 3, "steps": 8}
+FULL = {"calls": "10,100,800,1000,mlp", "rounds": 10, "steps": 30, "steady": 400}
+QUICK = {"calls": "10,100", "rounds": 3, "steps": 8, "steady": 40}
 
 
-def measure(calls: str, variants: str, rounds: int, steps: int, warmup: int = 6, timeout: float = 1800) -> dict:
+def measure(calls: str, variants: str, rounds: int, steps: int, warmup: int = 6, timeout: float = 1800,
+            steady: int = 0) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, str(WORKLOAD), "--calls", calls, "--variants", variants, "--rounds", str(rounds),
-           "--steps", str(steps), "--warmup", str(warmup)]
+           "--steps", str(steps), "--warmup", str(warmup), "--steady", str(steady)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"depth workload failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -81,14 +87,51 @@ def summarise(raw: dict) -> dict:
                 # what the probe said it cost (its probe_s), as a share of the bare step's wall time
                 row[v]["self_reported_us"] = round(1e6 * statistics.median(own), 2)
                 row[v]["self_reported_pct"] = round(100 * statistics.median(own) / statistics.median(wall["bare"]), 3)
+        st = d.get("steady")
+        if st:
+            row["steady"] = steady_row(st, d["module_calls"])
         res[calls] = row
     return res
+
+
+def steady_row(st: dict, calls: int) -> dict:
+    """The steady-state figures (depth_steps.steady): the probe's work (active - paused), the floor
+    under it (paused - bare) and the total (active - bare), adjacent steps of one process; trimmed
+    means (medians alongside), the spread over chunks of cycles."""
+    base = st["bare_step_s"]
+    out = {"pairs": st["pairs"], "bare_step_ms": round(1000 * base, 3),
+           "self_reported_us": round(1e6 * st["self_reported_s"], 1) if st.get("self_reported_s") else None,
+           "windows": st.get("windows"), "cycles_touched_by_windows": st.get("cycles_touched_by_windows")}
+    for part in ("work", "floor", "total"):
+        v = st[f"{part}_s"]
+        chunks = sorted(c / base for c in st["chunk_means_s"][part])
+        q = statistics.quantiles(chunks, n=4) if len(chunks) >= 2 else [chunks[0]] * 3
+        out[f"{part}_us"] = round(1e6 * v, 1)
+        out[f"{part}_pct"] = round(100 * v / base, 2)
+        out[f"{part}_chunk_iqr_pct"] = [round(100 * q[0], 2), round(100 * q[2], 2)]
+        out[f"{part}_median_us"] = round(1e6 * st["median_s"][part], 1)
+    return out
+
+
+def per_call_slope(res: dict) -> float | None:
+    """Microseconds of probe cost per extra module call: the steady total (or work) between the
+    shallowest and the deepest Sequential of the sweep. Flat in depth: ~0."""
+    pts = []
+    for row in res.values():
+        st = row.get("steady")
+        if st and isinstance(row.get("module_calls"), int) and row["module_calls"] > 6:
+            pts.append((row["module_calls"], st["total_us"]))
+    if len(pts) < 2:
+        return None
+    pts.sort()
+    (c0, u0), (c1, u1) = pts[0], pts[-1]
+    return round((u1 - u0) / (c1 - c0), 3)
 
 
 def print_table(res: dict) -> None:
     for calls, row in res.items():
         for v, r in row.items():
-            if not isinstance(r, dict):
+            if not isinstance(r, dict) or v == "steady":
                 continue
             w = r["wall"]
             print(f"   {calls:>5} ({row['module_calls']:4d} calls) {v:11s} CPU {row['bare_step_median_ms']:8.3f} -> "
@@ -105,15 +148,27 @@ def print_table(res: dict) -> None:
                      f"{r['outside_windows']['window_steps_per_block']:g} window steps a block"
                      if "outside_windows" in r else ""),
                   flush=True)
+        st = row.get("steady")
+        if st:
+            print(f"   {calls:>5} ({row['module_calls']:4d} calls) STEADY      bare step {st['bare_step_ms']:.3f} ms: "
+                  + ", ".join(f"{p} {st[p + '_pct']:+.2f}% ({st[p + '_us']:+.1f} us; chunk IQR "
+                              f"{st[p + '_chunk_iqr_pct'][0]:+.2f}..{st[p + '_chunk_iqr_pct'][1]:+.2f}%)"
+                              for p in ("total", "work", "floor"))
+                  + f" [{st['pairs']} cycles] | self-reported {st['self_reported_us']} us", flush=True)
+    slope = per_call_slope(res)
+    if slope is not None:
+        print(f"   steady-state cost per extra module call (deepest vs shallowest Sequential): {slope:+.3f} us", flush=True)
 
 
 def run(results: dict, quick: bool | None = None, variants: str = "bare,probe") -> None:
     if quick is None:
         quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     cfg = QUICK if quick else FULL
-    res = summarise(measure(cfg["calls"], variants, cfg["rounds"], cfg["steps"], warmup=3 if quick else 6))
+    res = summarise(measure(cfg["calls"], variants, cfg["rounds"], cfg["steps"], warmup=3 if quick else 6,
+                            steady=cfg["steady"]))
     results["mode"] = "quick" if quick else "full"
     results["depths"] = res
+    results["steady_us_per_extra_module_call"] = per_call_slope(res)
     print_table(res)
 
 
@@ -124,14 +179,16 @@ def main() -> int:
     ap.add_argument("--calls", help="override the depths, e.g. 800 or 10,100,mlp")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--steps", type=int)
+    ap.add_argument("--steady", type=int, help="pairs of the steady-state measurement (0: none)")
     a = ap.parse_args()
     cfg = dict(QUICK if a.quick else FULL)
-    for k in ("calls", "rounds", "steps"):
-        if getattr(a, k):
+    for k in ("calls", "rounds", "steps", "steady"):
+        if getattr(a, k) is not None:
             cfg[k] = getattr(a, k)
     if "bare" not in a.variants.split(","):
         a.variants = "bare," + a.variants
-    res = summarise(measure(cfg["calls"], a.variants, cfg["rounds"], cfg["steps"], warmup=3 if a.quick else 6))
+    res = summarise(measure(cfg["calls"], a.variants, cfg["rounds"], cfg["steps"], warmup=3 if a.quick else 6,
+                            steady=cfg["steady"]))
     print_table(res)
     print(json.dumps(res, indent=2))
     return 0

@@ -1,5 +1,6 @@
 """Issue 20: the depth benchmark (bench/bench_depth.py) runs in its quick mode and measures both sides,
-the probe with the hand-over and with global hooks throughout, and the probe really ran in its blocks.
+the probe with the hand-over and with global hooks throughout, and the probe really ran in its blocks;
+its steady-state mode's bare steps really are bare (bench/workloads/depth_steps.Detached).
 The hand-over's behaviour itself is tested on the real probe in tests/test_handover.py."""
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import bench_depth  # noqa: E402
 
 
 def test_depth_bench_quick_mode_measures_both_sides_and_the_probe_really_ran():
-    raw = bench_depth.measure("10,100", "bare,probe,probe-global", rounds=2, steps=4, warmup=2, timeout=600)
+    raw = bench_depth.measure("10,100", "bare,probe,probe-global", rounds=2, steps=4, warmup=2, timeout=600,
+                              steady=12)
     res = bench_depth.summarise(raw)
     assert set(res) == {"10", "100"}
     assert res["10"]["module_calls"] == 11 and res["100"]["module_calls"] == 101
@@ -32,3 +34,58 @@ def test_depth_bench_quick_mode_measures_both_sides_and_the_probe_really_ran():
             # 2 blocks of 6 steps under the probe: its own step events prove it was installed
             assert r["steps_recorded"] >= 8
             assert r["self_reported_us"] > 0
+        st = row["steady"]
+        assert st["pairs"] >= 12 and st["bare_step_ms"] > 0 and st["self_reported_us"] > 0
+        for part in ("work", "floor", "total"):
+            lo, hi = st[f"{part}_chunk_iqr_pct"]
+            assert lo <= hi
+        # work + floor = total (trimmed means of the same cycles: equal up to the trimming)
+        assert abs(st["work_us"] + st["floor_us"] - st["total_us"]) <= 0.5 * abs(st["total_us"]) + 20
+    assert isinstance(bench_depth.per_call_slope(res), float)
+
+
+def test_detached_takes_the_probe_out_of_torch_and_puts_it_back(tmp_path):
+    """The steady measurement's bare steps: nothing of the probe on the step's path while detached,
+    everything back (the same objects) after."""
+    from torch import nn
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import dataloader as dl
+
+    sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+    import depth_steps
+
+    from diag.probe.core import Probe
+    from diag.probe.extensions import load_extensions
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 4, (32,))), batch_size=4)
+    originals = (dl._BaseDataLoaderIter.__next__, torch.optim.Optimizer.zero_grad, torch.autograd.backward)
+    opt_hooks = (dict(_global_optimizer_pre_hooks), dict(_global_optimizer_post_hooks))   # (another test's)
+    sink = depth_steps.probe_sink(str(tmp_path / "e.jsonl"))
+    probe = Probe(sink, extensions=load_extensions(), script=__file__)
+    probe.install()
+    try:
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        installed = (dl._BaseDataLoaderIter.__next__, torch.optim.Optimizer.zero_grad, torch.autograd.backward)
+        hooks = (dict(model._forward_pre_hooks), dict(model._forward_hooks), dict(_global_optimizer_pre_hooks),
+                 dict(_global_optimizer_post_hooks))
+        assert all(i is not o for i, o in zip(installed, originals)) and hooks[0] and hooks[1]
+        assert len(hooks[2]) > len(opt_hooks[0]) and len(hooks[3]) > len(opt_hooks[1])
+        det = depth_steps.Detached(probe)
+        with det:
+            assert (dl._BaseDataLoaderIter.__next__, torch.optim.Optimizer.zero_grad,
+                    torch.autograd.backward) == originals
+            assert not model._forward_pre_hooks and not model._forward_hooks
+            assert (dict(_global_optimizer_pre_hooks), dict(_global_optimizer_post_hooks)) == opt_hooks
+        assert (dl._BaseDataLoaderIter.__next__, torch.optim.Optimizer.zero_grad, torch.autograd.backward) == installed
+        assert (dict(model._forward_pre_hooks), dict(model._forward_hooks), dict(_global_optimizer_pre_hooks),
+                dict(_global_optimizer_post_hooks)) == hooks
+    finally:
+        probe.finish("completed", 0)
+        probe.uninstall()
+        sink.close()

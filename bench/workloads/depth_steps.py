@@ -11,6 +11,16 @@ Variants:
                 installs under `diag check`)
   probe-noext   diag's probe without extensions
   probe-global  diag's probe with DIAG_PROBE_HANDOVER=0: global hooks for the whole run (before issue 20)
+  probe-paused  diag's probe installed and paused for the whole block: its hooks and wrappers in place,
+                their bodies returning at once (the floor under --steady's figure)
+
+--steady PAIRS: after the blocks, the probe's cost in steady state, as a long job pays it: one probe
+installed for the rest of the run (as under `diag check`), the steps in cycles of six: two with the
+probe active, two paused (every hook in place, the bodies return at once), two with everything it put
+on the step's path taken out of torch (bare); within a cycle the steps are adjacent in time (the
+machine's drift cancels) and nothing is allocated between them (the model's memory layout stays: a
+fresh process or probe per block moves it, and on this machine that alone moves a deep step's time by
+a few percent). Cycles touched by a discovery window, and the first WARMUP cycles, are left out.
 
     python bench/workloads/depth_steps.py --calls 10,100,1000,mlp --variants bare,probe --rounds 8 --steps 30
 """
@@ -47,6 +57,17 @@ def build(calls: str):
     return model, DataLoader(TensorDataset(x, y), batch_size=batch, drop_last=True)
 
 
+def probe_sink(path: str):
+    """The sink ``python -m diag.probe`` gives the probe under ``diag check``: the run-tagging wrapper
+    around the file sink (with a run id, as diag sets one)."""
+    from diag.probe.core import FileSink
+    from diag.probe.watchdog import TaggedSink
+
+    sink = TaggedSink(FileSink(path), path)
+    sink.run_id = "bench"
+    return sink
+
+
 class Variant:
     def __init__(self, name: str, tmp: str):
         self.name, self.tmp = name, tmp
@@ -54,6 +75,7 @@ class Variant:
         self.probe_s: list = []   # per block: the median probe_s the probe reported for itself
         self.window_steps: set = set()   # the last block's steps covered by a discovery window
         self._n = 0
+        self.after_warmup = None
 
     def __enter__(self):
         n = self.name
@@ -65,13 +87,13 @@ class Variant:
             b = m.register_module_forward_hook(lambda mod, args, kwargs, out=None: None, with_kwargs=True,
                                                always_call=True)
             self._undo = [a.remove, b.remove, lambda: m._global_forward_hooks_with_kwargs.pop(b.id, None)]
-        elif n in ("probe", "probe-noext", "probe-global") or n.startswith("probe-without:"):
-            from diag.probe.core import FileSink, Probe
+        elif n in ("probe", "probe-noext", "probe-global", "probe-paused") or n.startswith("probe-without:"):
+            from diag.probe.core import Probe
             from diag.probe.extensions import load_extensions
 
             self._n += 1
             self._events = os.path.join(self.tmp, f"{n}-{self._n}.jsonl")
-            sink = FileSink(self._events)
+            sink = probe_sink(self._events)
             if n.startswith("probe-without:"):   # e.g. probe-without:perfprobe+memoryprobe
                 os.environ["DIAG_PROBE_DISABLE"] = n.split(":", 1)[1].replace("+", ",")
             try:
@@ -86,8 +108,14 @@ class Variant:
                 probe.install()
             finally:
                 os.environ.pop("DIAG_PROBE_HANDOVER", None)
+            if n == "probe-paused":
+                # paused after the warm-up steps (block() calls this): by then the hand-over is done, and
+                # the hooks are in their steady state (paused from install, the install's discovery
+                # window would keep global hooks on every module call)
+                self.after_warmup = lambda: setattr(probe, "active", False)
 
             def done():
+                probe.active = True
                 probe.finish("completed", 0)
                 probe.uninstall()
                 sink.close()
@@ -96,7 +124,7 @@ class Variant:
                 self.steps_seen += len(steps)
                 # the probe's own account of its time: median over this block's timed steps
                 own = [s["probe_s"] for s in steps[WARMUP[0]:] if not s.get("instrumented") and "probe_s" in s]
-                if own:
+                if own and n != "probe-paused":     # (paused: the probe saw the warm-up steps only)
                     self.probe_s.append(statistics.median(own))
                 # the steps a discovery window covered (global hooks on every module call for that step)
                 self.window_steps = {s["index"] for s in steps if s.get("probe_window") or s.get("instrumented")}
@@ -114,7 +142,8 @@ class Variant:
 WARMUP = [6]
 
 
-def block(model, loader, opt, steps: int, warmup: int, per_step: list | None = None) -> tuple[float, float]:
+def block(model, loader, opt, steps: int, warmup: int, per_step: list | None = None,
+          after_warmup=None) -> tuple[float, float]:
     """(median wall time, median thread CPU time) of a step, warm-up steps left out. The CPU time of
     this thread (one intra-op thread, no DataLoader workers: all the step's work) does not count the
     time the thread waited for a core, which on a loaded machine is most of the noise."""
@@ -132,11 +161,164 @@ def block(model, loader, opt, steps: int, warmup: int, per_step: list | None = N
             cpu.append(c_now - c_prev)
             t_prev, c_prev = now, c_now
             done += 1
+            if done == warmup and after_warmup is not None:
+                after_warmup()
+                t_prev, c_prev = time.perf_counter(), time.thread_time()
             if done >= steps + warmup:
                 break
     if per_step is not None:
         per_step.extend(cpu)     # the i-th iteration is the probe's step i + 1
     return statistics.median(times[warmup:]), statistics.median(cpu[warmup:])
+
+
+class Detached:
+    """Benchmark only (it reads the probe's internals): takes everything the probe put on the step's
+    path out of torch between two steps, and puts it back, without building anything new (the model's
+    memory layout must not move): the patched attributes (the probe's and its extensions') set back
+    to torch's, the probe's global hooks and the hand-over's module hooks popped from torch's hook
+    dicts and restored under the same ids."""
+
+    def __init__(self, probe):
+        from diag.probe.hooks import _ABSENT
+
+        self._attrs = []                   # (owner, name, torch's, the probe's)
+        buckets = [probe._patches] + [getattr(e, "_patches", None) for e in probe.extensions]
+        for b in buckets:
+            for owner, name, orig, instance in (list(b._items) if b else []):
+                if instance:
+                    continue
+                self._attrs.append((owner, name, None if orig is _ABSENT else orig, owner.__dict__.get(name)))
+        handles = list(probe._handles)
+        for e in probe.extensions:
+            handles += list(getattr(e, "_hooks", []) or [])
+        ho = probe._handover
+        if ho is not None:
+            handles += list(ho._other) + list(ho._global)
+            for _ref, a, b in ho._hooked.values():
+                handles += [a, b]
+        self._hooks = [(h.hooks_dict_ref, h.id) for h in handles if hasattr(h, "hooks_dict_ref")]
+        self._saved: list = []
+
+    def __enter__(self):
+        for owner, name, orig, _new in reversed(self._attrs):
+            if orig is None:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, orig)
+        saved = self._saved
+        for ref, hid in self._hooks:
+            d = ref()
+            if d is not None and hid in d:
+                saved.append((d, hid, d.pop(hid)))
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, _orig, new in self._attrs:
+            if new is not None:
+                setattr(owner, name, new)
+        for d, hid, fn in self._saved:
+            d[hid] = fn
+        self._saved.clear()
+        return False
+
+
+def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 10) -> dict:
+    """The probe's steady-state cost (see the module doc). Steps in cycles of six: two with the probe
+    active (A), two paused (P: its hooks called, returning at once), two with it taken out of torch
+    (B, :class:`Detached`: bare). Per kept cycle, on this thread's CPU time: work = A2 - P2, floor =
+    P2 - B2, total = A2 - B2 (the second of each kind: it follows one of its kind, as every step of a
+    long run does). 10%-trimmed means over cycles (medians alongside); the spread is the
+    inter-quartile range of the trimmed means of ``chunks`` consecutive runs of cycles."""
+    from diag.probe.core import Probe
+    from diag.probe.extensions import load_extensions
+
+    events = os.path.join(tmp, f"steady-{id(model)}.jsonl")
+    sink = probe_sink(events)
+    probe = Probe(sink, extensions=load_extensions(), script=__file__)
+    probe.install()
+    ho = probe._handover
+    # epochs of a real length (the blocks' 8-batch epochs would open a discovery window every few steps)
+    ds = loader.dataset
+    reps = max(1, 400 * loader.batch_size // len(ds))
+    loader = DataLoader(TensorDataset(*(t.repeat(reps, *([1] * (t.dim() - 1))) for t in ds.tensors)),
+                        batch_size=loader.batch_size, drop_last=True)
+    it = iter(loader)
+    cpu, touched = [], []
+    detached = None
+    L = 6
+    try:
+        for i in range(L * (warmup + pairs + 64)):       # room for the cycles a window touches
+            k = i % L
+            if k == 4:                                   # (between steps: not timed)
+                if detached is None:
+                    detached = Detached(probe)
+                detached.__enter__()
+            elif k == 0 and detached is not None and detached._saved:
+                detached.__exit__(None, None, None)
+            probe.active = k < 2
+            w0 = ho.window_calls if ho is not None else 0
+            c0 = time.thread_time()
+            try:
+                x, y = next(it)
+            except StopIteration:                         # a new epoch (a window opens: that cycle is out)
+                it = iter(loader)
+                x, y = next(it)
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            cpu.append(time.thread_time() - c0)
+            touched.append(ho is not None and (ho.window_calls != w0 or ho.discovering))
+            if k == L - 1:
+                kept = sum(1 for c in range(warmup, len(cpu) // L) if not any(touched[L * c:L * c + L]))
+                if kept >= pairs:
+                    break
+    finally:
+        if detached is not None and detached._saved:
+            detached.__exit__(None, None, None)
+        probe.active = True
+        probe.finish("completed", 0)
+        probe.uninstall()
+        sink.close()
+    work, floor, total, bare = [], [], [], []
+    for c in range(warmup, len(cpu) // L):
+        if any(touched[L * c:L * c + L]):
+            continue
+        a2, p2, b2 = cpu[L * c + 1], cpu[L * c + 3], cpu[L * c + 5]
+        work.append(a2 - p2)
+        floor.append(p2 - b2)
+        total.append(a2 - b2)
+        bare.append(b2)
+    with open(events) as f:
+        steps = [json.loads(line) for line in f if '"kind": "step"' in line]
+    own = [s["probe_s"] for s in steps[2 * warmup:] if "probe_s" in s and not s.get("probe_window")
+           and not s.get("instrumented")]
+    size = max(1, len(total) // chunks)
+
+    def chunked(xs):
+        return [trimmed_mean(xs[k:k + size]) for k in range(0, size * chunks, size) if xs[k:k + size]]
+
+    return {"pairs": len(total), "cycles_touched_by_windows": sum(
+                1 for c in range(warmup, len(cpu) // L) if any(touched[L * c:L * c + L])),
+            "bare_step_s": statistics.median(bare),
+            # the headline: 10%-trimmed means (work + floor = total; medians of differences do not add up)
+            "work_s": trimmed_mean(work), "floor_s": trimmed_mean(floor), "total_s": trimmed_mean(total),
+            "median_s": {"work": statistics.median(work), "floor": statistics.median(floor),
+                         "total": statistics.median(total)},
+            "chunk_means_s": {"work": chunked(work), "floor": chunked(floor), "total": chunked(total)},
+            "self_reported_s": statistics.median(own) if own else None,
+            "windows": len(ho.windows) if ho is not None else 0}
+
+
+def trimmed_mean(xs: list, cut: float = 0.1) -> float:
+    """The mean of ``xs`` without its lowest and highest ``cut`` shares (a step's time has rare long
+    tails: a garbage collection, a page fault; medians of differences do not add up, means do)."""
+    ys = sorted(xs)
+    k = int(len(ys) * cut)
+    ys = ys[k:len(ys) - k] or ys
+    return sum(ys) / len(ys)
 
 
 def main() -> int:
@@ -146,6 +328,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=6)   # the probe's one-off steps (FLOP count at step 3)
+    ap.add_argument("--steady", type=int, default=0, help="pairs of the steady-state measurement (0: none)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     WARMUP[0] = a.warmup
@@ -167,7 +350,7 @@ def main() -> int:
                 for v in order:
                     per: list = []
                     with vs[v]:
-                        w, c = block(model, loader, opt, a.steps, a.warmup, per)
+                        w, c = block(model, loader, opt, a.steps, a.warmup, per, vs[v].after_warmup)
                     res[v].append(w)
                     cpu[v].append(c)
                     # the same block without the steps a discovery window covered (bare: all steps)
@@ -179,6 +362,8 @@ def main() -> int:
                           "block_median_step_cpu_s_outside_windows": nowin, "window_steps_per_block": n_win,
                           "probe_steps_seen": {v: vs[v].steps_seen for v in variants if v.startswith("probe")},
                           "probe_s_self": {v: vs[v].probe_s for v in variants if v.startswith("probe")}}
+            if a.steady:
+                out[calls]["steady"] = steady(model, loader, opt, a.steady, a.warmup, tmp)
     print(json.dumps(out))
     return 0
 
