@@ -114,11 +114,12 @@ class Comparison:
     def headline(self) -> str:
         """One line: the step-time verdict and where the time went."""
         m = self.metric("step_time")
+        what = m.label if m is not None else "step time"
         if m is None or m.change is None:
-            return "step time: not enough steady-state steps to compare"
+            return f"{what}: not enough steady-state steps to compare"
         ci = (f" ({int(self.confidence * 100)}% CI {pct(m.low)}…{pct(m.high)})"
               if m.low is not None else "")
-        text = f"step time {pct(m.change)}{ci}"
+        text = f"{what} {pct(m.change)}{ci}"
         if m.verdict == "unchanged":
             text += f": not significant (noise ±{abs((m.high - m.low) / 2) * 100:.1f}%)"
         elif self.attribution:
@@ -156,7 +157,7 @@ class Comparison:
 
 def _side_dict(s: RunSample) -> dict[str, Any]:
     f = s.facts
-    return {"source": s.source, "script": f.get("script"), "status": s.status, "steps": s.steps_total,
+    return {"source": s.source, "script": f.get("script"), "kind": s.kind, "status": s.status, "steps": s.steps_total,
             "steady_steps": s.steady, "excluded": s.excluded, "batch": f.get("batch"),
             "world_size": f.get("world_size"), "device": f.get("device"), "gpu_models": f.get("gpu_models"),
             "torch": f.get("torch")}
@@ -230,8 +231,8 @@ def _fraction(text: str, whole: str) -> float:
 
 # ---- comparability --------------------------------------------------------------------------------
 
-BLOCKING = (("script_name", "scripts"), ("batch", "batch sizes"), ("world_size", "world sizes"),
-            ("device", "devices"), ("gpu_models", "GPU models"))
+BLOCKING = (("kind", "run kinds"), ("script_name", "scripts"), ("batch", "batch sizes"),
+            ("world_size", "world sizes"), ("device", "devices"), ("gpu_models", "GPU models"))
 INFORMATIONAL = ("status", "torch", "cuda", "python", "hostname", "cpu_count", "torch_num_threads", "args",
                  "simulated_gpus", "diag_version")
 
@@ -243,7 +244,7 @@ def differences(base: list[RunSample], new: list[RunSample]) -> list[dict[str, A
     def values(side, key):
         vals = []
         for s in side:
-            v = s.facts.get(key)
+            v = s.kind if key == "kind" else s.facts.get(key)    # (a report older than the kind: training)
             v = tuple(v) if isinstance(v, list) else v
             if v not in vals:
                 vals.append(v)
@@ -306,9 +307,14 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
     if why and not force:
         raise DiagError(why)
     forced = [d["fact"] for d in diffs if d["blocking"]] if force else []
+    evaluation = all(s.kind == "evaluation" for s in base + new)
     for side, name in ((base, "baseline"), (new, "new run")):
         for s in side:
             if s.steady < stats.MIN_STEPS:
+                if s.kind == "evaluation":
+                    raise DiagError(f"the {name} {s.source!r} (an evaluation run) has {s.steady} steady-state "
+                                    f"evaluation step(s) ({s.steps_total} recorded); at least {stats.MIN_STEPS} "
+                                    "are needed — evaluate more batches")
                 raise DiagError(f"the {name} {s.source!r} has {s.steady} steady-state step(s) "
                                 f"({s.steps_total} recorded); at least {stats.MIN_STEPS} are needed "
                                 "— run more steps (--steps)")
@@ -318,6 +324,8 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
 
     def per_step(key: str, field_: str, *, kind="ratio", statistic=np.median):
         label, unit, hib, tkey = METRICS[key]
+        if evaluation:
+            label = EVAL_LABELS.get(key, label)
         sa = [s.steps[field_] for s in base if field_ in s.steps]
         sb = [s.steps[field_] for s in new if field_ in s.steps]
         if len(sa) != len(base) or len(sb) != len(new):
@@ -342,6 +350,8 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
     step = per_step("step_time", "total_s")
     phase_effects = {}
     for p in PHASES:
+        if evaluation and p in ("backward", "optimizer"):
+            continue                  # an evaluation step has neither
         r = per_step(f"phase.{p}", f"{p}_s", kind="diff")
         if isinstance(r, tuple):
             phase_effects[p] = r[1]
@@ -396,6 +406,10 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
                       noise=noise)
 
 
+# an evaluation run's steps are evaluation steps (one forward on one batch): the metrics say so
+EVAL_LABELS = {"step_time": "evaluation step time", "time_to_first_step": "time to first evaluation step"}
+
+
 def _mfu_from_step(results: list[MetricResult], step: stats.Effect) -> None:
     """MFU is FLOPs / step time / peak: with one value per run, its interval is the step-time
     ratio's interval carried over (FLOPs per step are counted, not timed)."""
@@ -427,6 +441,8 @@ def _scalar(results, key, field_, base, new, thresholds, **kw) -> None:
     """Metrics with one value per run: with one run per side, the plain relative change (memory
     peaks are deterministic enough); with repeats, the bootstrap over runs."""
     label, unit, hib, tkey = METRICS[key]
+    if all(s.kind == "evaluation" for s in base + new):
+        label = EVAL_LABELS.get(key, label)
     va = [s.scalars.get(field_) for s in base]
     vb = [s.scalars.get(field_) for s in new]
     va = [float(v) for v in va if isinstance(v, (int, float))]

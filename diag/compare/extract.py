@@ -52,6 +52,11 @@ class RunSample:
     status: str = ""
 
     @property
+    def kind(self) -> str:
+        """"training" or "evaluation" (an evaluation-only run: its steps are evaluation steps)."""
+        return "evaluation" if self.facts.get("kind") == "evaluation" else "training"
+
+    @property
     def steady(self) -> int:
         return int(self.steps["total_s"].size) if "total_s" in self.steps else 0
 
@@ -59,22 +64,53 @@ class RunSample:
 # ---- Evidence -> export block (also embedded in the JSON report) ---------------------------------
 
 def export(evidence) -> dict[str, Any]:
-    """What `diag compare` needs from one run, as plain JSON (the report's ``compare`` block)."""
+    """What `diag compare` needs from one run, as plain JSON (the report's ``compare`` block). An
+    evaluation-only run (an evaluation or batch-inference script: ``RankEvidence.run_kind()``) exports
+    its evaluation steps instead, as steps whose ``data`` is the batch's wait and host-to-device copy,
+    ``forward`` its forwards, ``other`` the rest, and no backward or optimizer; ``facts.kind`` says
+    which, and runs of two kinds are not compared."""
     rank = evidence.primary if evidence.ranks else None
-    steps = list(rank.steps) if rank else []
-    cols: dict[str, list] = {"index": [s.index for s in steps]}
-    for name in STEP_FIELDS:
-        cols[name] = [round(float(getattr(s, name)), 9) for s in steps]
+    kind = run_kind(rank)
+    cols: dict[str, list] = {}
+    if kind == "evaluation":
+        esteps = list(rank.eval_steps)
+        cols["index"] = [s.index for s in esteps]
+        parts = {"total_s": lambda s: s.total_s, "data_s": lambda s: s.data_s + s.h2d_s,
+                 "forward_s": lambda s: s.forward_s, "backward_s": lambda s: 0.0,
+                 "optimizer_s": lambda s: 0.0, "other_s": lambda s: s.other_s}
+        for name in STEP_FIELDS:
+            cols[name] = [round(float(parts[name](s)), 9) for s in esteps]
+        steps: list = esteps
+        total = rank.eval_stats.count
+    else:
+        steps = list(rank.steps) if rank else []
+        cols["index"] = [s.index for s in steps]
+        for name in STEP_FIELDS:
+            cols[name] = [round(float(getattr(s, name)), 9) for s in steps]
+        total = rank.step_stats.count if rank else 0
     cols["samples"] = [s.samples for s in steps]
     cols["tokens"] = [s.tokens for s in steps]
     cols["instrumented"] = [bool(s.instrumented) for s in steps]
+    facts = _facts(evidence, rank)
+    facts["kind"] = kind
+    if kind == "evaluation":
+        samples = [s.samples for s in steps if s.samples and not s.instrumented]
+        facts["batch"] = int(statistics.median(samples)) if samples else None
     out = {"version": EXPORT_VERSION, "rank": rank.rank if rank else 0,
-           "facts": _facts(evidence, rank), "steps": cols, "scalars": _scalars(evidence, rank),
-           "steps_total": rank.step_stats.count if rank else 0}
-    device = _device_steps(rank) if rank else None
+           "facts": facts, "steps": cols, "scalars": _scalars(evidence, rank, kind),
+           "steps_total": total}
+    device = _device_steps(rank) if rank and kind == "training" else None
     if device:
         out["device"] = device          # only with a device timeline: reports without one are unchanged
     return out
+
+
+def run_kind(rank) -> str:
+    """"evaluation" for an evaluation-only run, else "training" (what compare compares step for step)."""
+    try:
+        return "evaluation" if rank is not None and rank.run_kind() == "evaluation" else "training"
+    except Exception:
+        return "training"
 
 
 def _device_steps(rank) -> dict[str, Any] | None:
@@ -144,13 +180,13 @@ def _device_used(rank) -> str:
     return "+".join(sorted(kinds))
 
 
-def _scalars(ev, rank) -> dict[str, float | None]:
+def _scalars(ev, rank, kind: str = "training") -> dict[str, float | None]:
     out: dict[str, float | None] = {"time_to_first_step_s": None, "mfu": None,
                                     "allocator_peak_bytes": None, "device_peak_bytes": None,
                                     "persistent_bytes": None}
     if rank is None:
         return out
-    first = [s for s in rank.steps if s.index == 1]
+    first = [s for s in (rank.eval_steps if kind == "evaluation" else rank.steps) if s.index == 1]
     if first:
         out["time_to_first_step_s"] = round(float(first[0].t), 6)
     # MFU is judged in diag's process from the recorded FLOPs and device name against the catalogue,

@@ -71,10 +71,11 @@ def status_line(c: Comparison) -> str:
 
 def _sides(c: Comparison) -> str:
     def side(s):
+        steps = "steady evaluation steps" if s[0].kind == "evaluation" else "steady steps"
         if len(s) == 1:
             x = s[0]
-            return f"{x.source} ({x.steady} steady steps of {x.steps_total})"
-        return f"{len(s)} runs ({sum(x.steady for x in s)} steady steps)"
+            return f"{x.source} ({x.steady} {steps} of {x.steps_total})"
+        return f"{len(s)} runs ({sum(x.steady for x in s)} {steps})"
     return f"base: {side(c.base)}\nnew:  {side(c.new)}"
 
 

@@ -123,10 +123,11 @@ def _header(c: Comparison) -> str:
     step = c.metric("step_time")
 
     def side_tile(name, side):
+        steps = "steady evaluation steps" if side[0].kind == "evaluation" else "steady steps"
         if len(side) == 1:
             s = side[0]
-            return f"{s.source} — {s.steady:,} steady steps of {s.steps_total:,}"
-        return f"{len(side)} runs — {sum(s.steady for s in side):,} steady steps"
+            return f"{s.source} — {s.steady:,} {steps} of {s.steps_total:,}"
+        return f"{len(side)} runs — {sum(s.steady for s in side):,} {steps}"
 
     tiles = [
         ("verdict", Raw(f'<span class="status {"bad" if bad else "ok"}">{esc(verdict)}</span>')),

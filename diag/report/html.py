@@ -242,9 +242,19 @@ def header_facts(evidence, findings, exit_code: int) -> dict[str, Any]:
     run = evidence.run
     thr, unit = _throughput(evidence)
     gpus, _ = _gpu_summary(evidence)
+    steps, med = s["steps"], s["step_time_median_s"]
+    ev = s.get("evaluation")
+    if s.get("kind") == "evaluation" and ev:
+        # an evaluation-only run: its steps are evaluation steps (one forward on one batch)
+        steps, med = ev["steps"], ev.get("median_step_s")
+        if ev.get("tokens_per_s"):
+            thr, unit = ev["tokens_per_s"], "tokens"
+        elif ev.get("samples_per_s"):
+            thr, unit = ev["samples_per_s"], "samples"
     return {
+        "kind": s.get("kind"),
         "script": run.script, "args": list(run.args), "status": run.status, "stop_reason": run.stop_reason,
-        "exit_code": exit_code, "steps": s["steps"], "step_time_median_s": s["step_time_median_s"],
+        "exit_code": exit_code, "steps": steps, "step_time_median_s": med,
         "ranks": s["ranks"], "throughput": thr, "throughput_unit": unit, "gpus": gpus,
         "wall_s": run.wall_s, "simulated": simulated_label(evidence), "counts": s["counts"],
         "run_id": run.id, "launcher": run.launcher,
@@ -343,10 +353,11 @@ def _header(evidence, facts: dict[str, Any]) -> str:
     stop = f' <span class="muted">({esc(run.stop_reason)})</span>' if run.stop_reason else ""
     med = facts["step_time_median_s"]
     thr = facts["throughput"]
+    evaluation = facts.get("kind") == "evaluation"
     tiles = [
         ("status", Raw(f'<span class="status {status_cls}">{esc(run.status)}</span>{stop}')),
-        ("steps", f"{facts['steps']:,}"),
-        ("median step", ms(med) if med is not None else "N/A"),
+        ("evaluation steps" if evaluation else "steps", f"{facts['steps']:,}"),
+        ("median evaluation step" if evaluation else "median step", ms(med) if med is not None else "N/A"),
         ("throughput", f"{thr:,.1f} {facts['throughput_unit']}/s" if thr is not None else "N/A"),
         ("GPUs", facts["gpus"]),
         ("wall time", f"{run.wall_s:.1f} s" if run.wall_s is not None else "N/A"),
@@ -438,6 +449,8 @@ def _straggler(findings) -> int | None:
 
 def _steps_section(evidence, findings, charts: dict[str, Any]) -> str:
     if not evidence.ranks or not any(r.steps for r in evidence.ranks):
+        if evidence.ranks and evidence.primary.eval_steps and evidence.primary.run_kind() == "evaluation":
+            return _eval_steps_section(evidence.primary, charts)
         return ('<section id="steps"><h2>Steps</h2><p class="muted">No training step was observed.</p>'
                 '</section>')
     primary = evidence.primary
@@ -482,6 +495,37 @@ def _steps_section(evidence, findings, charts: dict[str, Any]) -> str:
         out.append('<div class="grid2">' + "".join(row) + "</div>")
     if evidence.multi_rank:
         out.append(_ranks_table(evidence, straggler, charts))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _eval_steps_section(rank, charts: dict[str, Any]) -> str:
+    """An evaluation-only run: its evaluation steps (one forward on one batch, docs/steps.md section 5)
+    as the Steps section: the median of each phase and the distribution of step times."""
+    tp = rank.eval_throughput() or {}
+    med = tp.get("phases") or {}
+    out = ['<section id="steps"><h2>Evaluation steps</h2>',
+           f'<p class="muted">An evaluation run: {tp.get("steps", 0):,} evaluation step(s), no training step '
+           '(each step is one forward on one batch; the first one and FLOP-counted ones left out of the '
+           'medians).</p>']
+    row = []
+    total = med.get("total_s")
+    if total:
+        labels = (("data_s", "data"), ("h2d_s", "copy to device"), ("forward_s", "forward"), ("other_s", "other"))
+        rows = [(label, ms(med.get(key)), f"{(med.get(key) or 0) / total:.0%}") for key, label in labels
+                if key in med]
+        rows.append(("evaluation step", ms(total), "100%"))
+        row.append(f'<div><h3>Median evaluation step (rank {rank.rank})</h3>'
+                   + table(("phase", "median", "share"), rows, cls="phases") + "</div>")
+    steps = [s for s in rank.eval_steps if not s.instrumented]
+    hist = _histogram([s.total_s for s in steps])
+    if hist:
+        charts["hist"] = {"type": "hist", **hist}
+        row.append(chart("hist", f"Distribution of evaluation step times (rank {rank.rank})",
+                         f"{len(steps):,} timed evaluation steps in {len(hist['counts'])} "
+                         f"bin{'s' if len(hist['counts']) != 1 else ''}.", height=220))
+    if row:
+        out.append('<div class="grid2">' + "".join(row) + "</div>")
     out.append("</section>")
     return "".join(out)
 
