@@ -11,7 +11,9 @@ DESCRIPTION = """\
 Compare two runs: median step time and its phases (data, forward, backward, optimizer, other),
 throughput, peak memory, MFU, time to first step, the data-wait share, and the findings (new, gone,
 changed). Each side is a run directory, an evidence.json or a `diag check --format json` report
-(several, comma-separated, for repeats), or a training script that is run --runs times.
+(several, comma-separated, for repeats), or a training script that is run --runs times. Two
+evaluation-only runs (an evaluation or batch-inference script) are compared on their evaluation
+steps; a training run and an evaluation run are refused.
 A change is a regression only when its whole confidence interval lies beyond the threshold:
 "+3%, within the measured noise of ±6%" is reported as not significant, never as a failure."""
 

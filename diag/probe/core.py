@@ -83,6 +83,7 @@ class _TorchState:
             cls.torch = torch
         return cls
 
+
 class DiagStop(BaseException):
     """Raised inside the user's script to end it at a step or time limit (unwinds like Ctrl-C,
     so the script's ``finally`` blocks and DataLoader shutdown still run)."""
@@ -330,6 +331,8 @@ class Probe(StepRules):
         if ent is not None and ent[0]() is module:
             return ent[1]
         v = has_parameters(module)
+        if len(self._has_params) >= 4096:   # modules built and dropped over a long run: start again
+            self._has_params.clear()
         try:
             self._has_params[id(module)] = (weakref.ref(module), v)
         except TypeError:
