@@ -25,6 +25,17 @@ def _steps(events):
     return [e for e in events if e["kind"] == "step"]
 
 
+def _train(monkeypatch, n: int):
+    """The real probe over ``n`` steps of handover_scenarios' MLP: (probe, events), uninstalled."""
+    probe, events = _probe(monkeypatch)
+    try:
+        proto._train(proto._mlp(), n)
+        probe.finish("completed", 0)
+    finally:
+        probe.uninstall()
+    return probe, events
+
+
 def test_the_wrapper_replaces_and_restores_torch_autograd_backward(monkeypatch):
     orig_backward, orig_grad = torch.autograd.backward, torch.autograd.grad
     probe, _ = _probe(monkeypatch)
@@ -43,12 +54,7 @@ def test_each_step_has_one_timed_backward_and_no_hook_on_the_output(monkeypatch)
 
     hooked = []
     monkeypatch.setattr(core, "on_backward", lambda t, fn: hooked.append(t))
-    probe, events = _probe(monkeypatch)
-    try:
-        proto._train(proto._mlp(), 6)
-        probe.finish("completed", 0)
-    finally:
-        probe.uninstall()
+    probe, events = _train(monkeypatch, 6)
     steps = _steps(events)
     assert len(steps) == 6
     assert all(s["n_backward"] == 1 and s["backward_s"] > 0 for s in steps)
@@ -120,12 +126,7 @@ def test_without_the_wrapper_the_output_hooks_time_the_backward(monkeypatch):
         raise RuntimeError("no wrapping here")
 
     monkeypatch.setattr(Probe, "_wrap_backward", broken)
-    probe, events = _probe(monkeypatch)
-    try:
-        proto._train(proto._mlp(), 4)
-        probe.finish("completed", 0)
-    finally:
-        probe.uninstall()
+    probe, events = _train(monkeypatch, 4)
     assert not probe._bwd_wrapped
     assert any(e["kind"] == "probe_error" and "autograd.backward" in e.get("where", "") for e in events)
     steps = _steps(events)

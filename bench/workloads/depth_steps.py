@@ -179,15 +179,13 @@ class Detached:
     dicts and restored under the same ids."""
 
     def __init__(self, probe):
-        from diag.probe.hooks import _ABSENT
-
         self._attrs = []                   # (owner, name, torch's, the probe's)
         buckets = [probe._patches] + [getattr(e, "_patches", None) for e in probe.extensions]
         for b in buckets:
             for owner, name, orig, instance in (list(b._items) if b else []):
                 if instance:
                     continue
-                self._attrs.append((owner, name, None if orig is _ABSENT else orig, owner.__dict__.get(name)))
+                self._attrs.append((owner, name, orig, owner.__dict__.get(name)))
         handles = list(probe._handles)
         for e in probe.extensions:
             handles += list(getattr(e, "_hooks", []) or [])
@@ -200,14 +198,10 @@ class Detached:
         self._saved: list = []
 
     def __enter__(self):
+        from diag.probe.hooks import restore_attribute
+
         for owner, name, orig, _new in reversed(self._attrs):
-            if orig is None:
-                try:
-                    delattr(owner, name)
-                except AttributeError:
-                    pass
-            else:
-                setattr(owner, name, orig)
+            restore_attribute(owner, name, orig)
         saved = self._saved
         for ref, hid in self._hooks:
             d = ref()

@@ -29,6 +29,18 @@ def remove_hooks(handles: list) -> None:
 _ABSENT = object()
 
 
+def restore_attribute(owner: Any, name: str, orig: Any) -> None:
+    """Put ``owner.name`` back as it was before a patch: ``orig``, or deleted when it was inherited or
+    absent (``orig`` is ``_ABSENT`` or None) so that the inherited one shows through again."""
+    if orig is _ABSENT or orig is None:
+        try:
+            delattr(owner, name)
+        except AttributeError:
+            pass
+    else:
+        setattr(owner, name, orig)
+
+
 class Patches:
     """Attribute patches, undone newest first. A class attribute that was inherited (not in the
     owner's own ``__dict__``) is deleted on undo, so the inherited one shows through again."""
@@ -61,13 +73,8 @@ class Patches:
                     obj = owner()
                     if obj is not None and name in obj.__dict__:
                         del obj.__dict__[name]
-                elif orig is _ABSENT or orig is None:
-                    try:
-                        delattr(owner, name)
-                    except AttributeError:
-                        pass
                 else:
-                    setattr(owner, name, orig)
+                    restore_attribute(owner, name, orig)
             except Exception:
                 pass
 
