@@ -158,6 +158,31 @@ def test_max_time_during_the_probes_start_up_gives_no_traceback(tmp_path):
     assert_nothing_left(run_dir)
 
 
+def test_a_stop_that_lands_inside_an_import_waits_for_the_import_to_end(tmp_path):
+    """--max-time's SIGTERM arriving while a module is being imported (torch's own import at start-up
+    can then abort the process from inside a C++ callback) is delivered again once the import is over:
+    the module is imported whole, the run stops there, no traceback, status timeout."""
+    (tmp_path / "slow_module.py").write_text(
+        "import time\n"
+        "time.sleep(1.5)\n"
+        "print('SLOW_MODULE_IMPORTED', flush=True)\n")
+    s = script(tmp_path, "imports_slowly.py", """
+        import slow_module
+        import time
+        while True:
+            time.sleep(0.01)
+    """)
+    run_dir = tmp_path / "run"
+    r = run_diag("check", "--script", str(s), "--run-dir", str(run_dir), "--max-time", "0.5",
+                 "--format", "json", "--fail-on", "never", cwd=tmp_path, timeout=120)
+    assert_no_diag_traceback(r.stderr)
+    assert "SLOW_MODULE_IMPORTED" in r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["run"]["status"] == "timeout"
+    assert r.code == 0
+    assert_nothing_left(run_dir)
+
+
 def test_a_stop_that_surfaces_as_another_exception_is_the_stop_not_a_failure(tmp_path):
     """SIGTERM from --max-time lands in the script; its clean-up raises something else (as numpy does
     when the stop lands inside its import and an except clause imports it again). The run was

@@ -17,7 +17,18 @@ import os
 import runpy
 import signal
 import sys
+import threading
 
+
+
+def _in_import(frame, depth: int = 64) -> bool:
+    """Whether ``frame`` runs inside an import statement (importlib's frames are on its stack)."""
+    while frame is not None and depth > 0:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+        depth -= 1
+    return False
 
 def main() -> int:
     if len(sys.argv) < 2:
@@ -52,6 +63,15 @@ def main() -> int:
     def on_term(signum, frame):
         # once: a second SIGTERM (torchrun forwards diag's) must not interrupt the clean-up
         if terminated:
+            return
+        if _in_import(frame):
+            # raised inside an import (torch's, at start-up) the stop can surface inside a C++ callback
+            # of the extension being loaded and abort the process (pybind11: terminate called after
+            # error_already_set); it is delivered again until the import is over (diag kills the run
+            # after its grace period whatever happens)
+            t = threading.Timer(0.02, os.kill, (os.getpid(), signum))
+            t.daemon = True
+            t.start()
             return
         terminated.append(signum)
         raise DiagStop("terminated by diag" if world == 1 else "terminated by SIGTERM (from diag or torchrun)",
