@@ -85,8 +85,9 @@ def target(tmp_path):
 
 def attach_json(capsys, *args) -> tuple[int, dict]:
     code = main(["attach", *map(str, args), "--format", "json"])
-    out = capsys.readouterr().out
-    return code, json.loads(out)
+    cap = capsys.readouterr()
+    assert cap.out.strip(), f"diag attach printed no report (exit {code}); stderr: {cap.err[-2000:]}"
+    return code, json.loads(cap.out)
 
 
 def _section(report: dict, rank: int = 0) -> dict:

@@ -16,6 +16,7 @@ from diag.attach import pyspy
 from diag.attach.analyse import count_cycles, parse_speedscope, summarise_main, summarise_worker
 from diag.attach.phases import Frame, classify, is_user_frame
 from diag.cli import main
+from diag.errors import DiagError
 
 SP = "/usr/lib/python3/site-packages"
 TORCH = SP + "/torch"
@@ -386,3 +387,49 @@ def test_diag_check_from_attach_evidence_uses_the_attach_judgement(tmp_path, cap
     assert by["run.no-steps"]["severity"] == "skipped"          # not an error: sampling has no steps
     assert by["dataloader.workers"]["check"] == "attach.dataloader-workers"
     assert code == 1 if by["dataloader.workers"]["severity"] == "error" else code == 0
+
+
+TORN = """Error: Failed to get stack traces
+
+Caused by:
+    0: Failed to call get_stack_trace for thread 140670385806208
+    1: Failed to copy PyCodeObject
+    2: Bad address (os error 14)"""
+
+
+def _counting_standin(tmp_path, monkeypatch, fail_times: int, stderr: str):
+    """A py-spy that fails ``fail_times`` times with ``stderr``, then dumps no thread; it counts its
+    calls in a file."""
+    count = tmp_path / "calls"
+    count.write_text("0")
+    exe = tmp_path / "py-spy"
+    exe.write_text("#!/bin/sh\n"
+                   f"n=$(cat {count}); n=$((n+1)); echo $n > {count}\n"
+                   f"if [ $n -le {fail_times} ]; then cat >&2 <<'EOF'\n{stderr}\nEOF\nexit 1; fi\n"
+                   "echo '[]'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv(pyspy.ENV_PYSPY, str(exe))
+    return lambda: int(count.read_text())
+
+
+def test_a_torn_dump_is_read_again(tmp_path, monkeypatch):
+    """py-spy --nonblocking catches a busy target mid-change about once in twenty dumps (seen as an
+    attach that printed nothing in CI): the dump is tried again."""
+    calls = _counting_standin(tmp_path, monkeypatch, 2, TORN)
+    assert pyspy.dump(os.getpid()) == []
+    assert calls() == 3
+
+
+def test_a_dump_torn_every_time_is_one_sentence(tmp_path, monkeypatch):
+    calls = _counting_standin(tmp_path, monkeypatch, 99, TORN)
+    with pytest.raises(DiagError) as e:
+        pyspy.dump(os.getpid())
+    assert calls() == pyspy.DUMP_TRIES
+    assert "Failed to get stack traces" in str(e.value)
+
+
+def test_a_permission_error_is_not_retried(tmp_path, monkeypatch):
+    calls = _counting_standin(tmp_path, monkeypatch, 99, PERM)
+    with pytest.raises(DiagError):
+        pyspy.dump(os.getpid())
+    assert calls() == 1

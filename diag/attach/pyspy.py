@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from diag.errors import DiagError, ExitCode
@@ -118,16 +119,33 @@ def _explain(stderr: str, pid: int, owner_uid: int | None) -> DiagError:
 
 # ---- running ------------------------------------------------------------------------------------------
 
-def dump(pid: int, owner_uid: int | None = None, timeout: float = 30.0) -> list[dict]:
-    """``py-spy dump --json``: a list of threads, each with ``frames`` (innermost first)."""
+def torn_read(stderr: str) -> bool:
+    """A ``--nonblocking`` read that caught the target mid-change (a code object freed or moved while
+    py-spy copied it: "Failed to copy PyCodeObject ... Bad address"). About one dump in twenty of a
+    busy training process fails this way; the next read usually succeeds."""
+    text = stderr.lower()
+    return ("failed to get stack trace" in text or "failed to copy" in text or "bad address" in text
+            or "os error 14" in text)
+
+
+DUMP_TRIES = 6
+
+
+def dump(pid: int, owner_uid: int | None = None, timeout: float = 30.0, tries: int = DUMP_TRIES) -> list[dict]:
+    """``py-spy dump --json``: a list of threads, each with ``frames`` (innermost first). A torn
+    read (see :func:`torn_read`) is retried up to ``tries`` times before it is an error."""
     exe = executable()
-    try:
-        proc = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"],
-                              capture_output=True, text=True, timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        raise DiagError(f"py-spy did not answer within {timeout:.0f} s for PID {pid}") from None
-    except OSError as e:
-        raise DiagError(f"cannot run py-spy ({exe}): {e.strerror}") from None
+    for attempt in range(max(1, tries)):
+        try:
+            proc = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+                                  capture_output=True, text=True, timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise DiagError(f"py-spy did not answer within {timeout:.0f} s for PID {pid}") from None
+        except OSError as e:
+            raise DiagError(f"cannot run py-spy ({exe}): {e.strerror}") from None
+        if proc.returncode == 0 or not torn_read(proc.stderr or "") or attempt == tries - 1:
+            break
+        time.sleep(0.05 * (attempt + 1))
     if proc.returncode != 0:
         raise _explain(proc.stderr or proc.stdout, pid, owner_uid)
     try:
