@@ -8,6 +8,8 @@ thread (bench/workloads/depth_steps.py). Two measurements per depth, on the step
   steps compared inside one process: the probe's work (active - paused), the floor of its hooks
   (paused - bare) and the total (active - bare), 10%-trimmed means with the spread over 10 chunks of
   cycles; and the total's growth per extra module call between the shallowest and deepest Sequential.
+  At 801 calls the same measurement is also run in 8 separate processes: each process's memory layout
+  moves the figure by more than its own spread shows, and the headline is the median over processes.
 * **a fresh probe's first steps**: alternated blocks of 30 steps (after 6 warm-up steps), bare and
   under a probe installed for the block; the median overhead with its IQR. It includes what a probe
   pays once (discovery windows, the blocks' 8-batch epochs reopening them) and moves with the memory
@@ -16,6 +18,7 @@ thread (bench/workloads/depth_steps.py). Two measurements per depth, on the step
     .venv/bin/python bench/run.py depth                     # full sweep (README figures, ~8 min)
     BENCH_QUICK=1 .venv/bin/python bench/run.py depth       # smoke: 10 and 100 calls, a few seconds
     .venv/bin/python bench/bench_depth.py --calls 800 --rounds 2 --steps 4 --steady 1000   # one depth, steady
+    .venv/bin/python bench/bench_depth.py --calls 800 --processes 8 --steady 400   # steady, median of 8 processes
     .venv/bin/python bench/bench_depth.py --quick --variants bare,hooks,probe,probe-noext,probe-global,probe-paused
 """
 from __future__ import annotations
@@ -31,8 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "bench" / "workloads" / "depth_steps.py"
 
-FULL = {"calls": "10,100,800,1000,mlp", "rounds": 10, "steps": 30, "steady": 400}
-QUICK = {"calls": "10,100", "rounds": 3, "steps": 8, "steady": 40}
+FULL = {"calls": "10,100,800,1000,mlp", "rounds": 10, "steps": 30, "steady": 400,
+        "processes": 8, "process_calls": "800"}
+QUICK = {"calls": "10,100", "rounds": 3, "steps": 8, "steady": 40, "processes": 2, "process_calls": "100"}
 
 
 def measure(calls: str, variants: str, rounds: int, steps: int, warmup: int = 6, timeout: float = 1800,
@@ -128,6 +132,41 @@ def per_call_slope(res: dict) -> float | None:
     return round((u1 - u0) / (c1 - c0), 3)
 
 
+def across_processes(calls: str, processes: int, pairs: int, timeout: float = 1800) -> dict:
+    """The steady measurement at one depth in ``processes`` separate processes. Each process's memory
+    layout is its own, and at depth it moves the probe's steady cost by more than the spread inside
+    one process shows (at 801 calls, 0.1% to 1.6% of a step between processes of one hour): the
+    headline is the median over processes, with their range and IQR."""
+    rows = []
+    for _ in range(processes):
+        raw = measure(calls, "bare", 1, 2, steady=pairs, timeout=timeout)
+        d = next(iter(raw.values()))
+        rows.append(steady_row(d["steady"], d["module_calls"]))
+    out = {"processes": len(rows), "pairs_each": pairs, "module_calls": None}
+    out["module_calls"] = next(iter(raw.values()))["module_calls"]
+    for part in ("total", "work", "floor"):
+        pcts = sorted(r[f"{part}_pct"] for r in rows)
+        q = statistics.quantiles(pcts, n=4) if len(pcts) >= 2 else [pcts[0]] * 3
+        out[f"{part}_pct_median"] = round(statistics.median(pcts), 2)
+        out[f"{part}_pct_iqr"] = [round(q[0], 2), round(q[2], 2)]
+        out[f"{part}_pct_range"] = [pcts[0], pcts[-1]]
+        out[f"{part}_us_median"] = round(statistics.median(r[f"{part}_us"] for r in rows), 1)
+    selfs = [r["self_reported_us"] for r in rows if r.get("self_reported_us")]
+    out["self_reported_us_median"] = round(statistics.median(selfs), 1) if selfs else None
+    out["bare_step_ms_median"] = round(statistics.median(r["bare_step_ms"] for r in rows), 3)
+    out["per_process"] = rows
+    return out
+
+
+def print_processes(p: dict) -> None:
+    print(f"   {p['module_calls']:4d} calls, STEADY over {p['processes']} processes ({p['pairs_each']} cycles each), "
+          f"bare step {p['bare_step_ms_median']:.3f} ms: "
+          + ", ".join(f"{k} {p[k + '_pct_median']:+.2f}% (IQR {p[k + '_pct_iqr'][0]:+.2f}..{p[k + '_pct_iqr'][1]:+.2f}%, "
+                      f"range {p[k + '_pct_range'][0]:+.2f}..{p[k + '_pct_range'][1]:+.2f}%)"
+                      for k in ("total", "work", "floor"))
+          + f" | self-reported {p['self_reported_us_median']} us", flush=True)
+
+
 def print_table(res: dict) -> None:
     for calls, row in res.items():
         for v, r in row.items():
@@ -170,6 +209,9 @@ def run(results: dict, quick: bool | None = None, variants: str = "bare,probe") 
     results["depths"] = res
     results["steady_us_per_extra_module_call"] = per_call_slope(res)
     print_table(res)
+    if cfg.get("processes"):
+        results["steady_across_processes"] = across_processes(cfg["process_calls"], cfg["processes"], cfg["steady"])
+        print_processes(results["steady_across_processes"])
 
 
 def main() -> int:
@@ -180,7 +222,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--steady", type=int, help="pairs of the steady-state measurement (0: none)")
+    ap.add_argument("--processes", type=int, help="also run the steady measurement in this many separate "
+                    "processes at the first depth of --calls and report the median over them")
     a = ap.parse_args()
+    if a.processes:
+        calls = (a.calls or "800").split(",")[0]
+        p = across_processes(calls, a.processes, a.steady or FULL["steady"])
+        print_processes(p)
+        print(json.dumps(p, indent=2))
+        return 0
     cfg = dict(QUICK if a.quick else FULL)
     for k in ("calls", "rounds", "steps", "steady"):
         if getattr(a, k) is not None:

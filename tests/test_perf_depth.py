@@ -44,6 +44,16 @@ def test_depth_bench_quick_mode_measures_both_sides_and_the_probe_really_ran():
     assert isinstance(bench_depth.per_call_slope(res), float)
 
 
+def test_steady_across_processes_reports_the_median_over_separate_processes():
+    p = bench_depth.across_processes("10", processes=2, pairs=12, timeout=600)
+    assert p["processes"] == 2 and p["module_calls"] == 11 and len(p["per_process"]) == 2
+    for part in ("total", "work", "floor"):
+        lo, hi = p[f"{part}_pct_range"]
+        assert lo <= p[f"{part}_pct_median"] <= hi
+        assert sorted(r[f"{part}_pct"] for r in p["per_process"]) == [lo, hi]
+    assert p["self_reported_us_median"] > 0 and p["bare_step_ms_median"] > 0
+
+
 def test_detached_takes_the_probe_out_of_torch_and_puts_it_back(tmp_path):
     """The steady measurement's bare steps: nothing of the probe on the step's path while detached,
     everything back (the same objects) after."""

@@ -160,3 +160,15 @@ def test_one_off_work_does_not_move_the_steady_share():
     s = probe_cost.summarize(steps)
     assert s["steps"] == 40 - probe_cost.PROBE_WARMUP
     assert s["median_probe_s"] == 50e-6 and abs(s["median_step_share"] - 0.005) < 1e-12
+
+
+def test_the_event_writers_thread_is_stated_per_step_beside_the_probes_own_share():
+    """FileSink encodes and writes step events on a thread of its own: not the step's time, but CPU the
+    probe used; the headline states it per step (own_cost's writer_s over the steps it covers)."""
+    steps = [_step(10e-6, 2e-3)] * 4
+    s = probe_cost.summarize(steps, {"by_part": {"hooks": 1e-3}, "writer_s": 2e-3, "writer_steps": 100})
+    assert abs(s["writer_per_step_s"] - 20e-6) < 1e-12
+    assert probe_cost.headline(s).endswith("; its event writer used another 20 µs of CPU a step on a thread "
+                                           "of its own")
+    # an older evidence file (no writer figures): the headline as before
+    assert "event writer" not in probe_cost.headline(probe_cost.summarize(steps, {"by_part": {"hooks": 1e-3}}))

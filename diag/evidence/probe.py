@@ -24,6 +24,8 @@ class ProbeSection(Section):
     window_reasons: dict[str, Any] | None = None  # windows by reason (install, loader, periodic, ...)
     handovers: int | None = None            # times the global hooks were handed over to module hooks
     hooked_modules: int | None = None       # modules carrying the probe's own hooks at the end
+    writer_s: float | None = None           # CPU time of the event writer's thread (encoding and writing step events off the step's thread; not in own_s) (s)
+    writer_steps: int | None = None         # steps the run had when writer_s was read
 
 
 WARN_SHARE = 0.02     # above this the probe's own time may move verdicts that turn on a few percent
@@ -68,9 +70,12 @@ def summarize(steps: Iterable[Any], cost: dict | None = None) -> dict | None:
     }
     if cost:
         for k in ("by_part", "windows", "window_reasons", "handovers", "slow_path_us_per_call", "own_s",
-                  "timed_s", "estimated_s", "calibration_us", "handover"):
+                  "timed_s", "estimated_s", "calibration_us", "handover", "writer_s"):
             if k in cost:
                 out[k] = cost[k]
+        w, n = cost.get("writer_s"), cost.get("writer_steps")
+        if isinstance(w, (int, float)) and isinstance(n, int) and n > 0:
+            out["writer_per_step_s"] = w / n
     return out
 
 
@@ -83,8 +88,13 @@ def headline(summary: dict | None) -> str | None:
     its real cost is higher, by up to 2-3x on short steps."""
     if not summary:
         return None
-    return (f"diag's probe took {pct(summary['median_step_share'])} of the median step "
+    text = (f"diag's probe took {pct(summary['median_step_share'])} of the median step "
             f"({_dur(summary['median_probe_s'])} of {_dur(summary['median_step_s'])}; {LOWER_BOUND})")
+    w = summary.get("writer_per_step_s")
+    if w:
+        # off the step's thread: it costs the step only where the two threads contend for the GIL or a core
+        text += f"; its event writer used another {_dur(w)} of CPU a step on a thread of its own"
+    return text
 
 
 def lighten(summary: dict) -> str:

@@ -357,6 +357,10 @@ class Probe(StepRules):
                                   "hooked_forward": round(self.hooked_call_ns / 1e3, 4),
                                   "backward_callbacks": round(self.autograd_hook_ns / 1e3, 4)},
                "handover": ho is not None}
+        writer = getattr(self.sink, "writer_ns", None)   # FileSink's writer thread (TaggedSink passes it on)
+        if isinstance(writer, int):
+            out["writer_s"] = writer / 1e9
+            out["writer_steps"] = self.steps_done
         if ho is not None:
             out.update(ho.summary())
         return out
