@@ -37,7 +37,7 @@ class FileSink:
         self._error: OSError | None = None    # a write of the writer thread failed (a full disk)
         self._closed = False
         self._pid = os.getpid()
-        self.writer_ns = 0                    # time the writer thread spent encoding and writing
+        self.writer_ns = 0                    # CPU time the writer thread spent encoding and writing
         try:
             os.register_at_fork(before=self._lock.acquire, after_in_parent=self._lock.release,
                                 after_in_child=self._after_fork)
@@ -118,14 +118,14 @@ class FileSink:
                 return
             if not self._pending:
                 continue
-            t0 = time.perf_counter_ns()
+            t0 = time.thread_time_ns()      # this thread's CPU (not its waits for the GIL or the lock)
             try:
                 self.flush()
             except OSError as e:
                 self._error = e
             except Exception:
                 pass
-            self.writer_ns += time.perf_counter_ns() - t0
+            self.writer_ns += time.thread_time_ns() - t0
 
     def _after_fork(self) -> None:
         # a forked child (a DataLoader worker) never writes the parent's events
