@@ -94,6 +94,10 @@ def cost_mfu(ctx):
     flops = r.flops if isinstance(r.flops, dict) else {}
     m = flops.get("measured")
     if not m:
+        if ev.run_kind() == "evaluation":
+            yield ctx.skip("An evaluation-only run: MFU is measured on a training step (forward, backward and "
+                           "optimizer step), and this run trained none.")
+            return
         reason = flops.get("status") or "FLOPs were not measured (the flopcounter probe extension did not run)"
         yield ctx.skip(f"No FLOP measurement: {reason}.".replace("..", "."))
         return

@@ -347,3 +347,13 @@ def test_probe_records_evaluation_steps_and_restores_tensor_methods():
     # (the FLOP count of evaluation step 3 needs a process without optimizers: tests/test_eval_runs.py)
     (p,) = r.evaluations
     assert sum(s.total_s for s in r.eval_steps) == pytest.approx(p.time_s, rel=1e-6)
+
+
+def test_mfu_on_an_evaluation_only_run_says_it_trained_no_step():
+    """cost.mfu is measured on a training step: an evaluation-only run is told so, not that it 'ended
+    after 0 step(s), before step 3 finished'."""
+    ev = _eval_run().eval_steps(10, samples=64).build()
+    [f] = run_check("cost.mfu", ev)
+    assert f.severity == Severity.SKIPPED
+    assert "evaluation-only run" in f.message and "trained none" in f.message
+    assert "step 3" not in f.message
