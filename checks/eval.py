@@ -101,6 +101,7 @@ AMP_MAX_SPEEDUP = 3.0        # the tuning guide's "up to 3x" for tensor-core mat
 FORWARD_WARN_SHARE = 0.30    # forwards under 30% of an evaluation step: bound elsewhere first (info)
 SMALL_EVAL_BATCH = 8         # an evaluation batch of at most 8 samples
 SMALL_MIN_STEPS = 16         # judged over at least this many evaluation batches
+SMALL_EVAL_TOKENS = 2048     # ...unless each batch holds this many tokens (8 sequences of 256 and more)
 SYNC_STEP_SHARE = 0.5        # host syncs in at least half the evaluation steps: per batch
 SYNC_MIN_STEPS = 4
 TRAIN_MODE_LAYERS = ("Dropout", "BatchNorm", "AlphaDropout", "FeatureAlphaDropout", "SyncBatchNorm")
@@ -256,7 +257,8 @@ def eval_small_batch(ctx):
     """Evaluation runs many batches of at most 8 samples: every forward pays the per-call cost
     (Python, operator dispatch, kernel launches) for a handful of samples, and evaluation keeps no
     activations for a backward, so memory rarely limits its batch. Judged over at least 16 evaluation
-    steps; the measured samples/s and per-batch time are in the message. When the memory plan
+    steps; batches of token sequences holding 2,048 tokens or more (a language model's few long
+    sequences) pass; the measured samples/s and per-batch time are in the message. When the memory plan
     estimated the largest evaluation batch and it is under 2x the observed one, passes (no memory to
     spare); memory.eval-batch reports the estimated largest batch."""
     ev = ctx.evidence
@@ -279,6 +281,14 @@ def eval_small_batch(ctx):
         return
     if tp["steps"] < SMALL_MIN_STEPS:
         yield ctx.passed(f"Evaluation ran {tp['steps']} batch(es) of {batch}: too few to matter.", **numbers)
+        return
+    tokens = [s.tokens for s in r.eval_steps if s.tokens]
+    if tokens and int(median(tokens)) >= SMALL_EVAL_TOKENS:
+        # a few long sequences (a language model's evaluation): each forward already has thousands of rows
+        numbers["eval_tokens"] = int(median(tokens))
+        yield ctx.passed(f"Evaluation runs at batch {batch} of {numbers['eval_tokens']:,} tokens: each forward "
+                         "already works on thousands of tokens.", **numbers,
+                         title="Evaluation batches are not small")
         return
     if max_eval is not None and max_eval < 2 * batch:
         yield ctx.passed(f"Evaluation runs at batch {batch}; the memory plan says at most {max_eval} fits.", **numbers)

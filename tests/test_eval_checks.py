@@ -357,3 +357,13 @@ def test_mfu_on_an_evaluation_only_run_says_it_trained_no_step():
     assert f.severity == Severity.SKIPPED
     assert "evaluation-only run" in f.message and "trained none" in f.message
     assert "step 3" not in f.message
+
+
+def test_small_batch_passes_a_language_models_few_long_sequences():
+    """nanoGPT's estimate_loss evaluates 8-12 sequences of 1,024 tokens a batch: each forward already
+    has thousands of rows, and the per-call cost is not what limits it. Eight short sequences still warn."""
+    (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, total_s=0.05, samples=8, tokens=8 * 1024).build())
+    assert f.severity == Severity.PASS
+    assert "8,192 tokens" in f.message and f.evidence["eval_tokens"] == 8192
+    (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, total_s=0.002, samples=8, tokens=8 * 32).build())
+    assert f.severity == Severity.WARNING
