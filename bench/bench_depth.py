@@ -15,7 +15,7 @@ thread (bench/workloads/depth_steps.py). Two measurements per depth, on the step
   pays once (discovery windows, the blocks' 8-batch epochs reopening them) and moves with the memory
   layout each block's allocations leave (a few percent at depth on a shared VM).
 
-    .venv/bin/python bench/run.py depth                     # full sweep (README figures, ~8 min)
+    .venv/bin/python bench/run.py depth                     # full sweep (README figures, ~16 min)
     BENCH_QUICK=1 .venv/bin/python bench/run.py depth       # smoke: 10 and 100 calls, a few seconds
     .venv/bin/python bench/bench_depth.py --calls 800 --rounds 2 --steps 4 --steady 1000   # one depth, steady
     .venv/bin/python bench/bench_depth.py --calls 800 --processes 8 --steady 400   # steady, median of 8 processes
@@ -142,8 +142,7 @@ def across_processes(calls: str, processes: int, pairs: int, timeout: float = 18
         raw = measure(calls, "bare", 1, 2, steady=pairs, timeout=timeout)
         d = next(iter(raw.values()))
         rows.append(steady_row(d["steady"], d["module_calls"]))
-    out = {"processes": len(rows), "pairs_each": pairs, "module_calls": None}
-    out["module_calls"] = next(iter(raw.values()))["module_calls"]
+    out = {"processes": len(rows), "pairs_each": pairs, "module_calls": next(iter(raw.values()))["module_calls"]}
     for part in ("total", "work", "floor"):
         pcts = sorted(r[f"{part}_pct"] for r in rows)
         q = statistics.quantiles(pcts, n=4) if len(pcts) >= 2 else [pcts[0]] * 3
