@@ -283,10 +283,11 @@ def eval_small_batch(ctx):
         yield ctx.passed(f"Evaluation ran {tp['steps']} batch(es) of {batch}: too few to matter.", **numbers)
         return
     tokens = [s.tokens for s in r.eval_steps if s.tokens]
-    if tokens and int(median(tokens)) >= SMALL_EVAL_TOKENS:
+    per_batch = int(median(tokens)) if tokens else 0
+    if per_batch >= SMALL_EVAL_TOKENS:
         # a few long sequences (a language model's evaluation): each forward already has thousands of rows
-        numbers["eval_tokens"] = int(median(tokens))
-        yield ctx.passed(f"Evaluation runs at batch {batch} of {numbers['eval_tokens']:,} tokens: each forward "
+        numbers["eval_tokens"] = per_batch
+        yield ctx.passed(f"Evaluation runs at batch {batch} of {per_batch:,} tokens: each forward "
                          "already works on thousands of tokens.", **numbers,
                          title="Evaluation batches are not small")
         return
