@@ -40,7 +40,7 @@ from diag.probe.environment import ENV_ALLOWLIST, environment
 from diag.probe.frames import (exception_info, frame_location, is_library_file, is_oom, set_user_script,
                                user_frame)
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
-from diag.probe.hooks import Patches, remove_hooks
+from diag.probe.hooks import Patches, _never, compiling_check, remove_hooks, run_eagerly
 from diag.probe.quiet import silence_hook_warnings
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
                                wrappers_of)
@@ -54,6 +54,7 @@ from diag.probe.tensors import (batch_size_of, first_tensor, grad_tensor, grad_t
 _is_library_file = is_library_file
 _has_parameters = has_parameters
 _device_type = device_type
+_compiling = _never     # torch.compiler.is_dynamo_compiling once a probe is installed (hooks.compiling_check)
 
 
 class _TorchState:
@@ -178,6 +179,8 @@ class Probe(StepRules):
         self.lock = threading.RLock()
         # issue 20: the hook hand-over and the probe's own cost
         self._handover: HandOver | None = None
+        self._eager_opt_pre = self._eager_opt_post = None   # for compiled code (prepare_compiled)
+        self._bwd_twins: list = []    # (autograd wrapper, [its eager twin]) (_wrap_backward)
         self._has_params: dict[int, tuple] = {}   # id(module) -> (weakref, has parameters)
         self._own_ns = 0              # the probe's own time (hook bodies, extensions, sink), nanoseconds
         self._own_mark = 0            # _own_ns at the previous step event
@@ -398,7 +401,9 @@ class Probe(StepRules):
                                            register_optimizer_step_pre_hook)
         from torch.utils.data import dataloader as dl
 
+        global _compiling
         _TorchState.bind()
+        _compiling = compiling_check()
         self.active = True
         set_user_script(self.script)
         self.emit("start", pid=self.pid, host=socket.gethostname(), local_rank=self.local_rank,
@@ -409,17 +414,40 @@ class Probe(StepRules):
         if handover_enabled():
             self._handover = HandOver(self).install(scan=scan_modules)
         else:
-            self._handles.append(nn_module.register_module_forward_pre_hook(self._fwd_pre))
+            fwd_pre, fwd_post = self._fwd_pre, self._fwd_post
+
+            def g_pre(module, args):          # traced to nothing under torch.compile (hooks.compiling_check)
+                return None if _compiling() else fwd_pre(module, args)
+
+            def g_post(module, args, kwargs=None, output=None):
+                return None if _compiling() else fwd_post(module, args, kwargs, output)
+
+            self._handles.append(nn_module.register_module_forward_pre_hook(g_pre))
             self._handles.append(nn_module.register_module_forward_hook(
-                self._fwd_post, with_kwargs=True, always_call=True))
+                g_post, with_kwargs=True, always_call=True))
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(register_optimizer_step_post_hook(self._opt_post))
 
         probe = self
+        # torch.compile: the step-marking hooks get their eager twins before anything is traced
+        # (hooks.compiling_check; made here, not at install: torch._dynamo takes a second to import)
+        orig_compile = getattr(torch, "compile", None)
+        if callable(orig_compile):
+            @functools.wraps(orig_compile)
+            def compile(*args, **kwargs):
+                try:
+                    probe.prepare_compiled()
+                except Exception as e:
+                    probe.report_error("torch.compile", e)
+                return orig_compile(*args, **kwargs)
+
+            self._patch(torch, "compile", compile)
         try:
             self._wrap_backward(torch)
         except Exception as e:   # the per-forward node hooks time the backward instead
             self.report_error("autograd.backward", e)
+        if "torch._dynamo" in sys.modules:   # imported before the probe (diag.watch() in a notebook)
+            self.prepare_compiled()
         orig_iter = dl.DataLoader.__iter__
         orig_next = dl._BaseDataLoaderIter.__next__
 
@@ -468,6 +496,8 @@ class Probe(StepRules):
         orig_zero_grad = torch.optim.Optimizer.zero_grad
 
         def zero_grad(opt, set_to_none: bool = True):
+            if _compiling():
+                return orig_zero_grad(opt, set_to_none)
             t0 = time.perf_counter()
             out = orig_zero_grad(opt, set_to_none)
             n0 = _ns()
@@ -514,9 +544,15 @@ class Probe(StepRules):
         import torch.autograd as ag
 
         probe = self
+        self._bwd_twins = []
 
         def _wrap(orig, name):
+            eager = [None]    # the wrapper behind torch._dynamo.disable (prepare_compiled)
+
             def wrapper(*args, **kwargs):
+                if _compiling():   # a backward inside compiled code: a graph break without diag too
+                    f = eager[0]
+                    return f(*args, **kwargs) if f is not None else orig(*args, **kwargs)
                 if probe._in_backward or probe._forked or not probe.active:
                     return orig(*args, **kwargs)   # nested (a reentrant checkpoint's recomputation), or paused
                 n0 = _ns()
@@ -542,6 +578,7 @@ class Probe(StepRules):
             wrapper.__qualname__ = name
             wrapper.__doc__ = orig.__doc__
             wrapper.__module__ = orig.__module__
+            self._bwd_twins.append((wrapper, eager))
             return wrapper
 
         self._patch(ag, "backward", _wrap(ag.backward, "backward"))
@@ -577,10 +614,11 @@ class Probe(StepRules):
         for h in self._handles:
             remove_global_hook(h)   # also torch's with_kwargs leak (a compile warning for ever after)
         remove_hooks(self._handles)
+        # the extensions first: they patched after the probe (both wrap torch.compile), newest first
+        self._ext("uninstall")
         self._patches.undo()
         if getattr(self, "_unsilence", None) is not None:
             self._unsilence()
-        self._ext("uninstall")
 
     # ---- end of run --------------------------------------------------------------------------------
     def finish(self, status: str, exit_code: int | None = None, exception: BaseException | None = None,
@@ -895,7 +933,22 @@ class Probe(StepRules):
         self._backward_done(self._bwd_start, end)   # times itself
 
     # ---- optimizer ---------------------------------------------------------------------------------
+    def prepare_compiled(self) -> None:
+        """torch.compile is in use: make the eager twins of the hooks that mark a step, which code
+        torch.compile traces calls instead of tracing them (hooks.compiling_check)."""
+        if self._eager_opt_pre is None:
+            self._eager_opt_pre = run_eagerly(self._opt_pre)
+            self._eager_opt_post = run_eagerly(self._opt_post)
+        for wrapper, eager in self._bwd_twins:
+            if eager[0] is None:
+                eager[0] = run_eagerly(wrapper)
+        if self._handover is not None:
+            self._handover.prepare_compiled()
+
     def _opt_pre(self, opt, args, kwargs):
+        if _compiling():        # an optimizer step inside compiled code: run eagerly (one graph break)
+            f = self._eager_opt_pre
+            return f(opt, args, kwargs) if f is not None else None
         if self._forked or not self.active:
             return None
         t0 = _ns()
@@ -927,6 +980,9 @@ class Probe(StepRules):
         return wrapped
 
     def _opt_post(self, opt, args, kwargs):
+        if _compiling():
+            f = self._eager_opt_post
+            return f(opt, args, kwargs) if f is not None else None
         if self._forked or not self.active:
             return None
         end = time.perf_counter()

@@ -32,6 +32,10 @@ import time
 import warnings
 import weakref
 
+from diag.probe.hooks import _never, compiling_check, run_eagerly
+
+_compiling = _never           # torch.compiler.is_dynamo_compiling once installed (hooks.compiling_check)
+
 WINDOW_FORWARDS = 16          # a window with no step closes after this many outermost forwards
 PERIODIC_FIRST = 16           # periodic windows at steps 16, 32, 64, ... then every PERIODIC_CAP
 PERIODIC_CAP = 1024
@@ -100,6 +104,7 @@ class HandOver:
         self._other: list = []
         self._pre = _Hook(self._local_pre)
         self._post = _Hook(self._local_post)
+        self._eager_pre = self._eager_post = None   # their twins for compiled code (prepare_compiled)
         self._hooked: dict[int, tuple] = {}        # id(module) -> (weakref, pre handle, post handle)
         self._children: "weakref.WeakSet" = weakref.WeakSet()
         self._compiled_inner: "weakref.WeakSet" = weakref.WeakSet()
@@ -128,6 +133,9 @@ class HandOver:
         import torch
         from torch.nn.modules import module as nn_module
 
+        global _compiling
+        _compiling = compiling_check()
+
         self.active = True
         self._other.append(nn_module.register_module_module_registration_hook(self._on_child))
         self._other.append(nn_module.register_module_parameter_registration_hook(self._on_param))
@@ -137,7 +145,7 @@ class HandOver:
         orig_train = torch.nn.Module.train
 
         def train(module, mode: bool = True):
-            if me._in_train or not me.active:     # .train() recurses into every child: act once
+            if _compiling() or me._in_train or not me.active:     # .train() recurses into every child: act once
                 return orig_train(module, mode)
             me._in_train = True
             try:
@@ -196,14 +204,24 @@ class HandOver:
                     return True
         return False
 
+    # Each hook asks _compiling() first: a module called inside a torch.compile'd function is traced,
+    # hooks included. The global hooks (every module call in a window) trace to nothing; a hooked
+    # outermost module's hooks call their eager twins (one graph break each, hooks.compiling_check).
+    def prepare_compiled(self) -> None:
+        if self._eager_pre is None:
+            self._eager_pre = run_eagerly(self._local_pre)
+            self._eager_post = run_eagerly(self._local_post)
+
     def _g_pre(self, module, args):
+        if _compiling():
+            return None
         self.window_calls += 1
         if self._mine(module):            # its own hook reports it: never twice
             return None
         return self.probe._fwd_pre(module, args)
 
     def _g_post(self, module, args, kwargs, output=None):
-        if self._mine(module):
+        if _compiling() or self._mine(module):
             return None
         probe = self.probe
         r = probe._fwd_post(module, args, kwargs, output)
@@ -212,6 +230,9 @@ class HandOver:
         return r
 
     def _local_pre(self, module, args):
+        if _compiling():
+            f = self._eager_pre
+            return f(module, args) if f is not None else None
         if not self.active:          # a deep copy of a hooked module (an EMA) outlives the probe
             return None
         self.local_calls += 1        # priced by the probe's calibration (its estimated part)
@@ -221,6 +242,9 @@ class HandOver:
         # On a forward that raised, torch calls a *global* always_call hook as hook(module, args, None)
         # but a *module-local* with_kwargs one as hook(module, args, kwargs, None): tell the probe the
         # global way (the hook then runs inside _call_impl's `except` block).
+        if _compiling():
+            f = self._eager_post
+            return f(module, args, kwargs, output) if f is not None else None
         if not self.active:
             return None
         probe = self.probe

@@ -1,0 +1,120 @@
+"""The probe and code that torch.compile traces (diag.probe.hooks.compiling_check).
+
+A model called inside a compiled function has its hooks traced by dynamo. Traced as they were, the
+probe's hooks were graph breaks at every line dynamo cannot trace (``time.perf_counter``, the probe's
+objects) and printed dynamo's warnings into the user's output: a compiled train step went from 3 graphs
+to 23 under the probe. Now the hooks trace to nothing, and the ones that mark a step run eagerly behind
+``torch._dynamo.disable``: one graph break at each, the step still seen."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPTS
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = SCRIPTS / "compiled_train_step.py"
+DIAG_FUNCTIONS = ("HandOver._local_pre", "HandOver._local_post", "Probe._opt_pre", "Probe._opt_post",
+                  "function backward", "function grad")
+
+
+def _dynamo(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_a_compiled_train_step_keeps_its_graphs_and_its_steps_are_seen(diag_cli, tmp_path):
+    bare_out, probe_out = tmp_path / "bare.json", tmp_path / "probe.json"
+    bare = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "DIAG_TEST_DYNAMO_OUT": str(bare_out)})
+    assert bare.returncode == 0, bare.stderr
+    r = diag_cli("check", "--script", str(SCRIPT), "--format", "json", timeout=300,
+                 env={"DIAG_TEST_DYNAMO_OUT": str(probe_out)})
+    assert r.code == 0 and r.stdout.strip(), r.stderr
+    rep = r.json()
+
+    b, p = _dynamo(bare_out), _dynamo(probe_out)
+    # the graphs: the bare script's 3, and at most one more per place a model or an optimizer step is
+    # called in compiled code (the forward's end splits the model's graph from the loss)
+    assert b["unique_graphs"] <= p["unique_graphs"] <= b["unique_graphs"] + 4, (b, p)
+    # every graph break the probe adds is a call of one of its own hooks, behind torch._dynamo.disable
+    added = {k for k in p["graph_breaks"] if k not in b["graph_breaks"]}
+    for reason in added:
+        assert "torch.compiler.disable()" in reason and any(f in reason for f in DIAG_FUNCTIONS), reason
+    # dynamo never traced into diag (it warned about time.perf_counter, sys._getframe, ...)
+    assert "Dynamo does not know how to trace" not in r.stderr
+    assert "diag/probe" not in r.stderr, r.stderr[-3000:]
+
+    # the probe still sees the steps: 2 epochs of 16 batches, each forward and backward timed
+    assert rep["summary"]["steps"] == 32
+    assert rep["summary"]["kind"] == "training+evaluation"
+    run_dir = next((tmp_path / ".diag" / "runs").iterdir())
+    ev = json.loads((run_dir / "evidence.json").read_text())
+    steps = ev["ranks"][0]["steps"]
+    assert all(s["n_forward"] == 1 and s["n_backward"] == 1 and s["samples"] == 32 for s in steps)
+    assert all(s["forward_s"] > 0 and s["optimizer_s"] > 0 for s in steps)
+    sites = ev["ranks"][0]["forwards"]
+    lines = SCRIPT.read_text().splitlines()
+    by_function = {s["location"]["function"]: s for s in sites}
+    assert by_function["forward_backward"]["training"] is True and by_function["forward_backward"]["count"] == 32
+    assert "model(x)" in lines[by_function["forward_backward"]["location"]["line"] - 1]
+    assert by_function["predict"]["grad_enabled"] is False
+
+
+class _Net(torch.nn.Module):
+    # a module of the user's own (dynamo does not compile a frame of torch's: an nn.Sequential's
+    # forward compiled in place is left to run as it is)
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _train_compiled_in_place(steps: int = 6) -> None:
+    model = _Net()
+    model.compile(backend="eager")          # Module.compile: torch.compile of the module's _call_impl
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+
+
+def _graphs(fn) -> tuple[int, int]:
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    fn()
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def test_a_module_compiled_in_place_is_split_only_at_its_own_edges(monkeypatch):
+    from diag.probe.core import Probe
+
+    bare_graphs, bare_breaks = _graphs(_train_compiled_in_place)
+    events: list = []
+    probe = Probe(events.append, extensions=[])
+    probe.install()
+    try:
+        graphs, breaks = _graphs(_train_compiled_in_place)
+        probe.finish("completed", 0)
+    finally:
+        probe.uninstall()
+    # the hooks run eagerly at the compiled _call_impl's start and end: one more graph at most
+    # (before: 16 graphs and 31 graph breaks inside diag's hook code for this loop's one graph)
+    assert (bare_graphs, bare_breaks) == (1, 0)
+    assert graphs <= bare_graphs + 1 and breaks <= 2, (graphs, breaks)
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) >= 5 and all(s["n_forward"] == 1 and s["forward_s"] > 0 for s in steps)
+    assert torch.compile is not probe and getattr(torch.compile, "__wrapped__", None) is None   # undone
