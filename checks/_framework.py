@@ -55,6 +55,10 @@ def knob(framework: str | None, what: str, **v) -> tuple[str, str] | None:
                     "long run once the data pipeline keeps up; compare step times after the first (compiling) "
                     "steps.",
                     "args = TrainingArguments(..., torch_compile=True)   # torch_compile_mode=\"max-autotune\" for long runs")
+        if what == "eval_batch_size":
+            return (f"The Trainer builds the evaluation DataLoader: set TrainingArguments("
+                    f"per_device_eval_batch_size={v['n']}) (or the largest that fits: `diag memory`).",
+                    f"args = TrainingArguments(..., per_device_eval_batch_size={v['n']})")
         if what == "detect_anomaly":
             return ("Remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() from the script "
                     "(TrainingArguments has no such switch: it is the script's own call).",
@@ -78,6 +82,11 @@ def knob(framework: str | None, what: str, **v) -> tuple[str, str] | None:
                     "instead of strategy=\"ddp_find_unused_parameters_true\" or "
                     "DDPStrategy(find_unused_parameters=True).",
                     "trainer = L.Trainer(strategy=\"ddp\", ...)")
+        if what == "eval_batch_size":
+            return (f"Lightning iterates the DataLoader your val_dataloader() / test_dataloader() returns: build "
+                    f"it with batch_size={v['n']} (or the largest that fits: `diag memory`).",
+                    "def val_dataloader(self):\n"
+                    f"    return DataLoader(self.val_set, batch_size={v['n']}, shuffle=False)")
         if what == "detect_anomaly":
             return ("Construct the Trainer with detect_anomaly=False (the default); turn it on only "
                     "while chasing a NaN.",

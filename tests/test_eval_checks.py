@@ -367,3 +367,19 @@ def test_small_batch_passes_a_language_models_few_long_sequences():
     assert "8,192 tokens" in f.message and f.evidence["eval_tokens"] == 8192
     (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, total_s=0.002, samples=8, tokens=8 * 32).build())
     assert f.severity == Severity.WARNING
+
+
+def test_small_batch_fix_is_the_trainers_own_argument_under_a_framework():
+    """Under the Hugging Face Trainer or Lightning the user never builds the evaluation DataLoader:
+    the fix names the knob they turn (seen on a Trainer run with per_device_eval_batch_size=8)."""
+    from diag.evidence import FrameworkInfo
+
+    ev = _eval_run().eval_steps(64, total_s=0.002, samples=8).build()
+    ev.primary.framework = FrameworkInfo(name="transformers", version="5", entry=None)
+    (f,) = run_check("eval.small-batch", ev)
+    assert f.severity == Severity.WARNING
+    assert "TrainingArguments(per_device_eval_batch_size=64)" in f.fix
+    assert "per_device_eval_batch_size=64" in f.snippet and "DataLoader(" not in f.snippet
+    ev.primary.framework = FrameworkInfo(name="lightning", version="2", entry=None)
+    (f,) = run_check("eval.small-batch", ev)
+    assert "val_dataloader()" in f.fix and "batch_size=64" in f.snippet
