@@ -27,9 +27,10 @@ def compiling_check():
     True, so dynamo neither traces diag's bookkeeping (``time.perf_counter`` and the probe's objects
     are graph breaks: a compiled train step, a compiled optimizer step and a compiled evaluation went
     from 3 graphs to 23 under the probe, and dynamo printed its warnings into the user's output) nor
-    guards on the probe's counters (a recompile each time one changes). The hooks that mark a step (a model's
-    outermost forward, an optimizer step) then call their :func:`run_eagerly` twin: one graph break
-    at the call, the hook run as plain Python every time the compiled code runs."""
+    guards on the probe's counters (a recompile each time one changes). The hooks that mark a step
+    (a model's outermost forward, an optimizer step, a backward) then call their :func:`run_eagerly`
+    twin: one graph break at the call, the hook run as plain Python every time the compiled code
+    runs."""
     try:
         import torch
 
