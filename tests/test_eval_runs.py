@@ -110,6 +110,8 @@ def test_training_with_periodic_evaluation(diag_cli, tmp_path):
     assert ev["run"]["kind"] == "training+evaluation"
     assert rank["step_stats"]["count"] == 24 and len(rank["evaluations"]) == 3
     assert {d["id"]: d["role"] for d in rank["dataloaders"]} == {1: "train", 2: "eval"}
+    # one epoch of the training loader: the evaluation loader's three passes are not epochs
+    assert {s["epoch"] for s in rank["steps"]} == {1}
     # each evaluation batch took >= 40 ms to load; no training step waited that long
     assert max(s["data_s"] for s in rank["steps"]) < 0.04
     assert all(p["data_wait_s"] >= 2 * 0.04 for p in rank["evaluations"])

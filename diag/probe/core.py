@@ -1081,7 +1081,10 @@ class Probe(StepRules):
             except TypeError:
                 pass
         info["epochs"] += 1
-        self.epoch = max(self.epoch, info["epochs"])
+        if info["role"] != "eval":
+            # an evaluation loader's passes are not epochs of training (a validation loader iterated
+            # every N steps showed "epoch 5" on a one-epoch Lightning run)
+            self.epoch = max(self.epoch, info["epochs"])
         if self._handover is not None:
             self._handover.request("loader")   # an epoch or an evaluation loop begins: look again
         try:
