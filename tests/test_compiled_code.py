@@ -103,6 +103,7 @@ def test_a_module_compiled_in_place_is_split_only_at_its_own_edges(monkeypatch):
     from diag.probe.core import Probe
 
     bare_graphs, bare_breaks = _graphs(_train_compiled_in_place)
+    compile_before = torch.compile
     events: list = []
     probe = Probe(events.append, extensions=[])
     probe.install()
@@ -117,4 +118,44 @@ def test_a_module_compiled_in_place_is_split_only_at_its_own_edges(monkeypatch):
     assert graphs <= bare_graphs + 1 and breaks <= 2, (graphs, breaks)
     steps = [e for e in events if e["kind"] == "step"]
     assert len(steps) >= 5 and all(s["n_forward"] == 1 and s["forward_s"] > 0 for s in steps)
-    assert torch.compile is not probe and getattr(torch.compile, "__wrapped__", None) is None   # undone
+    assert torch.compile is compile_before       # the probe's wrapper is undone
+
+
+def test_a_pass_whose_forwards_went_unseen_is_not_the_next_steps_data():
+    """Forwards inside compiled code that no hook of its own marks are not seen (a discovery window's
+    global hooks are blind there): Lightning + torch.compile's sanity check then looked like 2 batches
+    fetched before the first training step, so the validation loader was taken for a training loader
+    (and its passes counted as epochs). A pass that ends (StopIteration) or is left for another
+    loader's pass, with no step open, is an evaluation pass of its own."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from diag.probe.core import Probe
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=16)
+    val = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=16)
+    events: list = []
+    probe = Probe(events.append, extensions=[])
+    probe.install()
+    try:
+        it = iter(val)
+        next(it), next(it)                    # a sanity check of 2 batches, the iterator left behind
+        for epoch in range(2):
+            for (x,) in train:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+            for (x,) in val:                  # an evaluation whose forwards ran unseen
+                x.sum()
+        probe.finish("completed", 0)
+    finally:
+        probe.uninstall()
+    loaders = {e["id"]: e for e in events if e["kind"] == "dataloader"}   # the last event of each
+    assert {i: d["role"] for i, d in loaders.items()} == {1: "eval", 2: "train"}
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 8 and {s["epoch"] for s in steps} == {1, 2}
+    assert all(s["data_s"] < 0.5 and s["n_forward"] == 1 for s in steps)
+    passes = [e for e in events if e["kind"] == "evaluation"]
+    assert [p["batches"] for p in passes] == [2, 4, 4] and all(p["loaders"] == [1] for p in passes)

@@ -477,6 +477,10 @@ class Probe(StepRules):
                 batch = orig_next(it)
             except StopIteration:
                 probe._in_data -= 1
+                try:
+                    probe._pass_ended(getattr(it, "_diag_loader", None))
+                except Exception as e:
+                    probe.report_error("dataloader.StopIteration", e)
                 raise
             except BaseException:
                 probe._in_data -= 1
@@ -1081,6 +1085,7 @@ class Probe(StepRules):
             except TypeError:
                 pass
         info["epochs"] += 1
+        self._pass_started(info["id"])
         if info["role"] != "eval":
             # an evaluation loader's passes are not epochs of training (a validation loader iterated
             # every N steps showed "epoch 5" on a one-epoch Lightning run)

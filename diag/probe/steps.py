@@ -220,6 +220,28 @@ class StepRules(EvalStepRules):
                   batches=ev["batches"], loaders=sorted(ev["loaders"]))
         self._last_boundary = end
 
+    def _pass_ended(self, lid) -> None:
+        """Loader ``lid`` finished a pass with no training step open: its batches still in the tail
+        were a pass of their own (an evaluation whose forwards the probe did not see, e.g. inside
+        compiled code, or a loop over the data before training), never the next step's data."""
+        if lid is None or self.current_step is not None:
+            return
+        for rec in self._tail:
+            if rec["lid"] == lid:
+                rec["ended"] = True
+
+    def _pass_started(self, lid) -> None:
+        """Loader ``lid`` starts a pass with no training step open: the tail's batches from other
+        loaders not known to feed training were a pass that stopped early (Lightning's sanity check
+        takes 2 validation batches and leaves the iterator), not the next step's data."""
+        if self.current_step is not None or not self._tail:
+            return
+        for rec in self._tail:
+            if rec["lid"] != lid and rec["lid"] is not None:
+                info = self._loader_by_id(rec["lid"])
+                if info is not None and info.get("role") != "train":
+                    rec["ended"] = True
+
     def _begin_training(self, t: float):
         """Training activity at ``t`` (a training forward's start, a backward, an optimizer step with a
         closure): the open step, or a new one that takes the tail's fetches as its data."""
@@ -232,6 +254,14 @@ class StepRules(EvalStepRules):
             # the tail's batches came from an evaluation loader and were evaluated: the end of an
             # evaluation pass, not the data of this training step (docs/steps.md, section 4)
             self._commit_tail_to_eval()
+        if any(rec.get("ended") for rec in self._tail):
+            # a loader's whole pass sits in the tail (_pass_ended): an evaluation of its own
+            fwd = self._tail_fwd
+            self._tail_fwd = []
+            rest = [rec for rec in self._tail if not rec.get("ended")]
+            self._tail = [rec for rec in self._tail if rec.get("ended")]
+            self._commit_tail_to_eval()
+            self._tail, self._tail_fwd = rest, fwd
         tail, fwd = self._tail, self._tail_fwd
         self._tail, self._tail_fwd = [], []
         start = tail[0]["t0"] if tail else t
@@ -264,7 +294,7 @@ class StepRules(EvalStepRules):
     def _finish_step_rules(self) -> None:
         """At the end of the run: an evaluation pass (or unconsumed fetches after evaluation) still
         open is emitted."""
-        if self._tail_fwd:
+        if self._tail_fwd or any(rec.get("ended") for rec in self._tail):
             self._commit_tail_to_eval()
         try:
             self._es_finish()
