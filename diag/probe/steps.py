@@ -242,6 +242,17 @@ class StepRules(EvalStepRules):
                 if info is not None and info.get("role") != "train":
                     rec["ended"] = True
 
+    def _commit_ended_passes(self) -> None:
+        """The tail's batches of passes that ended (``_pass_ended``, ``_pass_started``): an evaluation
+        pass of their own; the tail keeps the rest, and the evaluation forwards after it."""
+        ended = [rec for rec in self._tail if rec.get("ended")]
+        if not ended:
+            return
+        rest, fwd = [rec for rec in self._tail if not rec.get("ended")], self._tail_fwd
+        self._tail, self._tail_fwd = ended, []
+        self._commit_tail_to_eval()
+        self._tail, self._tail_fwd = rest, fwd
+
     def _begin_training(self, t: float):
         """Training activity at ``t`` (a training forward's start, a backward, an optimizer step with a
         closure): the open step, or a new one that takes the tail's fetches as its data."""
@@ -254,14 +265,7 @@ class StepRules(EvalStepRules):
             # the tail's batches came from an evaluation loader and were evaluated: the end of an
             # evaluation pass, not the data of this training step (docs/steps.md, section 4)
             self._commit_tail_to_eval()
-        if any(rec.get("ended") for rec in self._tail):
-            # a loader's whole pass sits in the tail (_pass_ended): an evaluation of its own
-            fwd = self._tail_fwd
-            self._tail_fwd = []
-            rest = [rec for rec in self._tail if not rec.get("ended")]
-            self._tail = [rec for rec in self._tail if rec.get("ended")]
-            self._commit_tail_to_eval()
-            self._tail, self._tail_fwd = rest, fwd
+        self._commit_ended_passes()
         tail, fwd = self._tail, self._tail_fwd
         self._tail, self._tail_fwd = [], []
         start = tail[0]["t0"] if tail else t
@@ -294,7 +298,8 @@ class StepRules(EvalStepRules):
     def _finish_step_rules(self) -> None:
         """At the end of the run: an evaluation pass (or unconsumed fetches after evaluation) still
         open is emitted."""
-        if self._tail_fwd or any(rec.get("ended") for rec in self._tail):
+        self._commit_ended_passes()
+        if self._tail_fwd:
             self._commit_tail_to_eval()
         try:
             self._es_finish()
