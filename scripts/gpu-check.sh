@@ -45,6 +45,10 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv --system-site-packages "$VENV" || { echo "gpu-check: cannot create $VENV" >&2; exit 2; }
+  # --system-site-packages shows the *base* interpreter's packages: where $PY is itself a virtual
+  # environment (the GPU image's python3 is /opt/torch/.venv), its torch would stay out of sight
+  "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' \
+    > "$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/_gpu_check_parent.pth"
 fi
 if ! "$VENV/bin/python" -c 'import diag.checks.api, textual, pynvml, pytest' 2>/dev/null; then
   if [ ! -d "$WHEELS" ]; then
