@@ -66,6 +66,19 @@ def _label(ev, r) -> str:
     return f"rank {r.rank}" if ev.multi_rank else f"PID {_att(r).get('pid', r.pid)}"
 
 
+# A process that waits (a lock, a queue, a collective) uses almost no CPU; one that spends the whole
+# window in one call of its own (a busy loop, a long decode) uses its core, or what a loaded machine
+# leaves of it: 2 cores shared by 5 busy processes give each ~40%, so the line is drawn well below 50%.
+BUSY_CPU_PERCENT = 20.0
+
+
+def _busy_in_one_call(r, s) -> bool:
+    """The main thread showed one stack for the whole window (``s``: its ``stuck`` record) while the
+    process computed: a long call or a busy loop, not a wait."""
+    return ((_att(r).get("cpu_percent") or 0) >= BUSY_CPU_PERCENT
+            and s.get("phase") in ("forward", "backward", "optimizer", "evaluation", "data", "other"))
+
+
 # ---- new ids ------------------------------------------------------------------------------------------
 
 @check(id="run.hung", title="The job is stuck", severity="error", needs=["ranks.extras.attach.main"],
@@ -107,8 +120,7 @@ def run_hung(ctx):
                       evidence={"waiting_ranks": [r.rank for r, _ in stuck],
                             "moving_ranks": [r.rank for r in cycling]})
         return
-    busy = [(r, s) for r, s in stuck if (_att(r).get("cpu_percent") or 0) >= 50
-            and s.get("phase") in ("forward", "backward", "optimizer", "evaluation", "data", "other")]
+    busy = [(r, s) for r, s in stuck if _busy_in_one_call(r, s)]
     if stuck and len(busy) == len(stuck) and not ev.multi_rank:
         r, s = busy[0]
         yield ctx.finding(
@@ -232,7 +244,12 @@ def attach_dataloader_workers(ctx):
         a = _att(r)
         main = a.get("main") or {}
         n = int(main.get("samples") or 0)
-        if n == 0 or main.get("stuck"):
+        if n == 0:
+            yield ctx.skip(f"No sample of {_label(ev, r)}'s main thread was taken.", title=title)
+            continue
+        if main.get("stuck") and not _busy_in_one_call(r, main["stuck"]):
+            # a wait: run.hung says where; a busy one-call window (a slow __getitem__ on a short
+            # window) is judged below like any other, its shares being the whole window's
             yield ctx.skip(f"{_label(ev, r)}: no moving main thread to judge (see run.hung).", title=title)
             continue
         data = _share(main, "data")
@@ -301,7 +318,12 @@ def attach_sync(ctx):
     for r in ev.ranks:
         main = _att(r).get("main") or {}
         n = int(main.get("samples") or 0)
-        if n == 0 or main.get("stuck"):
+        if n == 0:
+            yield ctx.skip(f"No sample of {_label(ev, r)}'s main thread was taken.", title=title)
+            continue
+        if main.get("stuck") and not _busy_in_one_call(r, main["stuck"]):
+            # a wait: run.hung says where; a busy one-call window (a slow __getitem__ on a short
+            # window) is judged below like any other, its shares being the whole window's
             yield ctx.skip(f"{_label(ev, r)}: no moving main thread to judge (see run.hung).", title=title)
             continue
         share = _share(main, "sync")

@@ -30,7 +30,7 @@ async def test_tui_attach_shows_findings_and_log_lines(target):  # noqa: F811
         await _wait(pilot, lambda: app.state.snapshot is not None, 90)
         snap = app.state.snapshot
         ids = {f.id: f for f in snap.findings}
-        assert ids["dataloader.workers"].severity.value in ("warning", "info")
+        assert ids["dataloader.workers"].severity.value in ("warning", "info"), ids["dataloader.workers"].message
         assert snap.evidence.run.source == "attach"
         assert app.mode == "attach"
         assert not app.check_action("stop", ())           # the job is never stopped from the app

@@ -433,3 +433,23 @@ def test_a_permission_error_is_not_retried(tmp_path, monkeypatch):
     with pytest.raises(DiagError):
         pyspy.dump(os.getpid())
     assert calls() == 1
+
+
+def test_one_busy_data_call_for_a_short_window_is_judged_not_hung():
+    """A 2-s window at 20 Hz of a job whose __getitem__ spins on one line: every sample can show the
+    same stack (seen in CI under load). The process computes (CPU well above a wait's), so it is not
+    stuck: run.hung warns 'one call', and dataloader.workers judges the window (all of it data)."""
+    stuck = {"where": {"file": "/home/u/train.py", "line": 33, "function": "__getitem__",
+                       "code": "while time.perf_counter() < busy_until:"},
+             "waits_on": None, "seconds_at_least": 2.0, "phase": "data", "share": 1.0, "stack": []}
+    ev = _evidence({"data": 1.0}, stuck=stuck, cycles=0)
+    ev.ranks[0].extras["attach"]["cpu_percent"] = 38.0       # what a loaded 2-core machine leaves it
+    f = _by_id(judge(ev))
+    assert f["run.hung"][0].severity.value == "warning" and "One call" in f["run.hung"][0].title
+    dw = f["dataloader.workers"][0]
+    assert dw.severity.value == "warning" and "num_workers=0" in dw.message
+    # the same stack with the CPU of a wait is a hang: the data check leaves it to run.hung
+    ev.ranks[0].extras["attach"]["cpu_percent"] = 1.0
+    f = _by_id(judge(ev))
+    assert f["run.hung"][0].severity.value == "error"
+    assert f["dataloader.workers"][0].severity.value == "skipped"
