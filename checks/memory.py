@@ -100,7 +100,10 @@ def memory_oom(ctx):
     mem = _mem(r)
     oomrec = mem.get("oom") or {}
     nums = dict(parse_oom(exc.message))
-    batch = _batch_at(r, exc.step)
+    # the failing step's batch (the probe reads it from the failing forward's inputs), else the last
+    # batch seen: a job whose batches grow dies on a larger one than its earlier steps took
+    failing_batch = oomrec.get("batch")
+    batch = failing_batch or _batch_at(r, exc.step)
     breakdown = oomrec.get("breakdown") or mem.get("breakdown")
     est = _estimate(ev, r)
     stats = oomrec.get("stats") or {}
@@ -121,7 +124,12 @@ def memory_oom(ctx):
         parts.append(f"{gib(nums['reserved_unallocated'])} reserved but unallocated")
     step_no = oomrec.get("step") or ((exc.step or 0) + 1)
     when = f"at step {step_no}" if r.step_stats.count else "in the first step"
-    msg = f"The script ran out of memory {when}" + (f" with batch size {batch}" if batch else "")
+    msg = f"The script ran out of memory {when}"
+    if batch:
+        # the failing step's own batch when the probe saw it; else (the allocation failed before the
+        # step's forward, or older evidence) the batch of the steps before, said as such
+        msg += f" with batch size {batch}" if failing_batch or not r.step_stats.count else \
+            f" (the steps before it took batch size {batch})"
     if parts:
         msg += ": " + ", ".join(parts)
     msg += "."

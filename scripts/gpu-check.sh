@@ -6,7 +6,7 @@
 #   scripts/gpu-check.sh --prepare   (here, with a network) download the pure-Python wheels diag and the
 #                                    tests need into .gpu-wheels/ (ignored by git)
 #   scripts/gpu-check.sh --dry-run   list what would run; exit 0 (works on a CPU machine)
-#   scripts/gpu-check.sh [--only PART,...]   on the GPU machine: install nothing from the network (the
+#   scripts/gpu-check.sh [--only PART,...] [--twins NAME,...]   on the GPU machine: install nothing from the network (the
 #                                    system's torch, the wheels of .gpu-wheels/ into .gpu-venv/), run
 #
 # With the device tool: run(command="scripts/gpu-check.sh", carry=[".gpu-wheels"]) after --prepare;

@@ -1,7 +1,7 @@
 """The GPU validation run (driven by scripts/gpu-check.sh): everything in diag that needs a real NVIDIA
 GPU, each part time-boxed, one summary at the end even when parts fail.
 
-    python scripts/gpu_check.py [--dry-run] [--out DIR] [--only NAME,...] [--budget SECONDS]
+    python scripts/gpu_check.py [--dry-run] [--out DIR] [--only NAME,...] [--twins NAME,...] [--budget SECONDS]
 
 Writes under DIR: figures.json (every measured figure and each part's verdict), logs/<part>.log,
 reports/<workload>.json (the `diag check --format json` report of each workload). Exit 0 when every
@@ -25,7 +25,7 @@ CUDA = REPO / "tests" / "scripts" / "cuda"
 
 # The CUDA twins of the planted corpus: (name, script, steps, env, expectation).
 # expectation: {"fire": [ids that must be warning/error]} or {"pass": [ids that must not be]},
-# plus optional "message" substrings per id and "evidence" predicates (key, op, value) per id.
+# plus optional "message" and "fix" substrings per id and "evidence" predicates (key, op, value) per id.
 TWINS = [
     ("hidden_data_wait", "hidden_data_wait.py", 30, {},
      {"pass": ["dataloader.workers"], "evidence": {"dataloader.workers": [("clock", "==", "device")]}}),
@@ -48,7 +48,8 @@ TWINS = [
      {"pass": ["dataloader.workers"], "evidence": {"gpu.idle": [("idle_causes.eval", ">", 0.02),
                                                                 ("eval_share", ">", 0.02)]}}),
     ("cuda_oom", "cuda_oom.py", None, {"DIAG_MEMORY_ESTIMATE": "1"},
-     {"fire": ["memory.oom"], "message": {"memory.oom": "fits"}}),
+     {"fire": ["memory.oom"], "fix": {"memory.oom": "fits"},
+      "evidence": {"memory.oom": [("batch_size", "==", 1 << 21)]}}),
     ("cudnn_benchmark_off", "cudnn_benchmark_off.py", 30, {}, {"fire": ["cudnn.benchmark"]}),
     ("tf32_off", "tf32_off.py", 30, {}, {"fire": ["matmul.tf32"]}),
 ]
@@ -197,14 +198,19 @@ def part_twins(run: Run):
         for cid, text in expect.get("message", {}).items():
             if text not in (fs.get(cid) or {}).get("message", ""):
                 problems.append(f"{cid}'s message lacks {text!r}")
+        for cid, text in expect.get("fix", {}).items():
+            if text not in ((fs.get(cid) or {}).get("fix") or ""):
+                problems.append(f"{cid}'s fix lacks {text!r}: {((fs.get(cid) or {}).get('fix') or '')[:300]}")
         for cid, preds in expect.get("evidence", {}).items():
             evd = (fs.get(cid) or {}).get("evidence", {})
             for key, op, ref in preds:
                 if not _cmp(_get(evd, key), op, ref):
                     problems.append(f"{cid}.evidence.{key}={_get(evd, key)!r}, expected {op} {ref!r}")
         watched = set(expect.get("fire", [])) | set(expect.get("pass", [])) | set(expect.get("evidence", {}))
+        watched |= set(expect.get("fix", {}))
         res["findings"] = {cid: {"severity": fs[cid].get("severity"), "message": fs[cid].get("message"),
-                                 "evidence": fs[cid].get("evidence")} for cid in watched if cid in fs}
+                                 "fix": fs[cid].get("fix"), "evidence": fs[cid].get("evidence")}
+                           for cid in watched if cid in fs}
         try:
             evp = Path(report["run"]["evidence"])
             tl = json.loads(evp.read_text())["ranks"][0].get("timeline") or {}
@@ -394,8 +400,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out")
     ap.add_argument("--only", default="")
     ap.add_argument("--budget", type=float, default=450.0, help="seconds for all parts (default 450)")
+    ap.add_argument("--twins", default="", help="run only these twins (names, comma-separated): a rerun after a fix")
     a = ap.parse_args(argv)
     only = [p for p in a.only.split(",") if p]
+    names = [t[0] for t in TWINS]
+    picked = [t for t in a.twins.split(",") if t]
+    if [t for t in picked if t not in names]:
+        print(f"gpu-check: unknown twin {', '.join(t for t in picked if t not in names)}; twins: {', '.join(names)}",
+              file=sys.stderr)
+        return 2
+    if picked:
+        TWINS[:] = [t for t in TWINS if t[0] in picked]
     bad = [p for p in only if p not in PARTS]
     if bad:
         print(f"gpu-check: unknown part {', '.join(bad)}; parts: {', '.join(PARTS)}", file=sys.stderr)
@@ -410,6 +425,7 @@ def main(argv=None) -> int:
                 for name, script, steps, env, expect in TWINS:
                     what = ", ".join([f"{c} fires" for c in expect.get("fire", [])] +
                                      [f"{c} passes" for c in expect.get("pass", [])] +
+                                     [f"{c}'s fix says {t!r}" for c, t in expect.get("fix", {}).items()] +
                                      [f"{c}.{k} {op} {ref}" for c, preds in expect.get("evidence", {}).items()
                                       for k, op, ref in preds])
                     print(f"    {name:<22} tests/scripts/cuda/{script}{f' --steps {steps}' if steps else ''}: {what}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from diag.checks.memory import memory_eval_batch, memory_fragmentation, memory_headroom, memory_oom
 from diag.evidence import (DeviceInfo, Environment, Evidence, ExceptionInfo, ForwardSite, RankEvidence,
                            StepRecord)
@@ -102,7 +104,7 @@ def oom_evidence(**kw):
     r = ev.primary
     r.exceptions.append(ExceptionInfo(type="OutOfMemoryError", message=OOM_MSG, is_oom=True, step=2,
                                        location={"file": "/w/train.py", "line": 41, "function": "main"}))
-    r.memory["oom"] = {"step": 3, "parsed": {}, "total": A100,
+    r.memory["oom"] = {"step": 3, "parsed": {}, "total": A100, "batch": 64, "batch_source": "failing forward",
                        "stats": step_record(cuda_stats(75 * GiB, 77 * GiB, 76 * GiB, 78 * GiB), 3)}
     ev.run.status = "oom"
     return ev
@@ -121,6 +123,11 @@ def test_oom_with_the_estimate_gives_accumulation_with_numbers():
     assert acc["effective_batch"] == 64 and acc["micro_batch"] <= mb
     assert f"micro-batch {acc['micro_batch']} x {acc['steps']}" in f.fix and f"is {mb}" in f.fix
     assert f"accum_steps = {acc['steps']}" in f.snippet
+    # the failing batch unknown (the allocation failed before the step's forward): the steps' batch is
+    # said as theirs
+    del r.memory["oom"]["batch"]
+    f = one(memory_oom(ev))
+    assert "at step 3 (the steps before it took batch size 64)" in f.message
     assert "expandable_segments" not in f.fix            # 1.5 GiB unallocated < 2 GiB requested
     assert f.location.line == 41
 
@@ -307,3 +314,64 @@ def test_memory_sections_survive_a_json_round_trip():
     assert back.primary.memory["estimate"]["max_batch"] == ev.primary.memory["estimate"]["max_batch"]
     assert back.memory_plan == ev.memory_plan
     assert [f.severity for f in memory_eval_batch(back)] == [f.severity for f in memory_eval_batch(ev)]
+
+
+def _nested_stats(allocated, peak, reserved, reserved_peak, retries=0):
+    """torch.cuda.memory_stats_as_nested_dict()'s shape: ~9 counters x 3 pools x 4 fields and a few
+    scalars (what the caching allocator returns; torch.cuda.memory_stats() flattens it)."""
+    def counter(cur, pk):
+        return {"current": cur, "peak": pk, "allocated": pk * 3, "freed": pk * 3 - cur}
+
+    names = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+             "active_bytes", "inactive_split_bytes", "requested_bytes")
+    out = {n: {p: counter(7, 9) for p in ("all", "small_pool", "large_pool")} for n in names}
+    out["allocated_bytes"]["all"] = counter(allocated, peak)
+    out["reserved_bytes"]["all"] = counter(reserved, reserved_peak)
+    out["inactive_split_bytes"]["all"] = counter(0, 0)
+    out.update(num_alloc_retries=retries, num_ooms=0, num_sync_all_streams=0, num_device_alloc=3,
+               num_device_free=0, max_split_size=-1)
+    return out
+
+
+def test_the_probe_reads_the_allocator_unflattened_and_gets_torchs_record(monkeypatch):
+    """issue 20: the memory probe's per-step read skips torch.cuda.memory_stats()'s Python flattening
+    (~180 µs a call here, the bulk of ~340 µs a step on an H200). Its record equals the flat one, with
+    torch's own flattening as the reference; the probe's CUDA step path emits it (a scripted
+    allocator: this machine has no CUDA)."""
+    import torch
+    import torch.cuda.memory as tcm
+
+    from diag.memory.breakdown import step_record_nested
+    from diag.probe.memory import MemoryProbe
+
+    nested = _nested_stats(3 * GiB, 5 * GiB, 6 * GiB, 6 * GiB, retries=2)
+    monkeypatch.setattr(tcm, "memory_stats_as_nested_dict", lambda device=None: nested)
+    flat = torch.cuda.memory_stats(0)                    # torch's flattening of the same dict
+    assert step_record_nested(nested, 4) == step_record(flat, 4)
+    assert step_record_nested(nested, 4)["retries"] == 2 and step_record_nested({}, 4) is None
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda dev: calls.append(dev) or nested)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a, **k: pytest.fail("flattened per step"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type(
+        "P", (), {"name": "scripted GPU", "total_memory": A100, "major": 9, "minor": 0})())
+
+    class Probe:
+        events = []
+
+        def emit(self, kind, **data):
+            self.events.append((kind, data["path"], data["value"]))
+
+        def last_model(self):
+            return torch.nn.Linear(2, 2)
+
+    mp, p = MemoryProbe(), Probe()
+    mp._cuda_dev = torch.device("cuda", 0)
+    for i in (1, 2, 3):
+        mp._cuda_step(p, i)
+    steps = [v for k, path, v in p.events if path == "memory.steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3] and steps[0]["peak"] == 5 * GiB
+    assert steps[2] == step_record(flat, 3)
+    assert len(calls) == 3
+    assert any(path == "memory.device" for _, path, _ in p.events)
+    assert any(path == "memory.breakdown" for _, path, _ in p.events)

@@ -211,3 +211,52 @@ def test_nothing_to_plan(diag_cli, tmp_path):
     assert r.code == 2 and "nothing to plan" in r.stderr
     r = diag_cli("memory", "--script", str(tmp_path / "missing.py"))
     assert r.code == 2 and "does not exist" in r.stderr
+
+
+GROWING = """\
+import torch
+from torch import nn
+torch.manual_seed(0)
+
+
+class Guard(nn.Module):
+    # raises, inside the forward, the exception a 700 MiB CUDA device raises for a batch this large
+    def forward(self, x):
+        if x.shape[0] > 10_000:
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 700.00 MiB of "
+                "which 10.00 MiB is free. Including non-PyTorch memory, this process has 758.00 MiB memory in "
+                "use. Of the allocated memory 200.00 MiB is allocated by PyTorch, and 30.00 MiB is reserved by "
+                "PyTorch but unallocated.")
+        return x
+
+
+model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), Guard(), nn.Linear(1024, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for B in [64, 64, 64, 65536]:                 # the last batch is far larger than the first ones
+    x, y = torch.randn(B, 256), torch.randint(0, 10, (B,))
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_an_oom_on_a_larger_batch_than_the_first_names_the_failing_batch(diag_cli, write_script):
+    """The H200 twin (tests/scripts/cuda/cuda_oom.py) trains at 256, then dies on 2M: the finding said
+    'with batch size 256' (the batch of the first steps) and blamed memory kept across steps. The
+    failing forward's inputs give the batch; the plan then says what fits."""
+    s = write_script("grow.py", GROWING)
+    r = diag_cli("check", "--script", str(s), "--format", "json", "--select", "memory",
+                 env={"DIAG_PROBE_DISABLE": "flopcounter"})
+    assert r.code == 3, r.stderr
+    rep = r.json()
+    f = findings_by_id(rep)["memory.oom"][0]
+    assert "at step 4 with batch size 65536" in f["message"], f["message"]
+    ev = json.loads(Path(rep["run"]["evidence"]).read_text())
+    oom = ev["ranks"][0]["memory"]["oom"]
+    assert oom["batch"] == 65536 and oom["batch_source"] == "failing forward"
+    assert ev["ranks"][0]["memory"]["capture"]["batch"] == 64        # what the replay scales from
+    mb = ev["ranks"][0]["memory"]["estimate"]["max_batch"]
+    assert 64 < mb < 65536
+    assert "fits" in f["fix"] and f["evidence"]["accumulation"]["effective_batch"] == 65536
+    assert "kept across steps" not in f["fix"]

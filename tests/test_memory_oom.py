@@ -18,4 +18,16 @@ def test_parse_oom_messages():
     assert d["allocated"] == int(9.8 * (1 << 30)) and d["reserved"] == int(10.2 * (1 << 30))
     cpu = "[enforce fail at alloc_cpu.cpp:114] DefaultCPUAllocator: not enough memory: you tried to allocate 123 bytes."
     assert parse_oom(cpu) == {"requested": 123, "device": "cpu"}
+    linux = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+             "tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
+    assert parse_oom(linux) == {"requested": 68719476736, "device": "cpu"}
     assert parse_oom("something else") == {}
+
+
+def test_the_cpu_allocators_failure_is_an_oom():
+    from diag.probe.frames import is_oom
+
+    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                               "allocate memory: you tried to allocate 68719476736 bytes. Error code 12"))
+    assert is_oom(RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 123 bytes."))
+    assert not is_oom(RuntimeError("shape mismatch"))

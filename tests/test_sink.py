@@ -42,16 +42,17 @@ def test_other_events_write_the_waiting_steps_first_and_close_writes_the_rest(tm
     p = tmp_path / "ev.jsonl"
     s = FileSink(str(p))
     s({"kind": "step", "index": 1})
+    s({"kind": "append", "path": "memory.steps", "value": {"step": 1}})   # a per-step record: deferred too
     s({"kind": "step", "index": 2})
-    s({"kind": "set", "path": "x", "value": 1})          # written now, after the two steps
-    assert [e.get("index", e["kind"]) for e in _lines(p)] == [1, 2, "set"]
+    s({"kind": "set", "path": "x", "value": 1})          # written now, after the waiting events
+    assert [e.get("index", e["kind"]) for e in _lines(p)] == [1, "append", 2, "set"]
     s({"kind": "step", "index": 3, "total_s": float("nan")})
     s.close()
     got = _lines(p)
-    assert [e.get("index", e["kind"]) for e in got] == [1, 2, "set", 3]
+    assert [e.get("index", e["kind"]) for e in got] == [1, "append", 2, "set", 3]
     assert got[-1]["total_s"] is None                   # NaN has no JSON spelling
     s({"kind": "step", "index": 4})                      # after close: dropped, no error
-    assert len(_lines(p)) == 4
+    assert len(_lines(p)) == 5
 
 
 def test_a_full_disk_in_the_writer_thread_reaches_the_next_call(tmp_path, monkeypatch):

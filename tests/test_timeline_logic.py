@@ -415,15 +415,18 @@ class _FakeCuda:
             _FakeCuda.Event.made += 1
             self.recorded = 0
 
-        def record(self):
+        def record(self, stream=None):
             self.recorded += 1
+            self.stream = stream
 
     def __init__(self):
         self.stream = "default"
         self.capturing = False
+        self.made = 0               # Stream objects made (torch.cuda.current_stream() calls)
 
     def current_stream(self):
-        return self.stream
+        self.made += 1
+        return f"Stream({self.stream})"
 
     def is_current_stream_capturing(self):
         return self.capturing
@@ -434,19 +437,30 @@ def test_cuda_clock_knows_the_training_stream_and_skips_side_stream_copies():
 
     from diag.probe.timeline import CudaClock
 
-    cuda = _FakeCuda()
-    clock = CudaClock(SimpleNamespace(cuda=cuda))
-    assert clock.same_stream()                 # nothing recorded yet
-    e = clock.record()
-    assert e.recorded == 1 and clock.same_stream()
-    cuda.stream = "prefetcher"
-    assert not clock.same_stream()
-    cuda.capturing = True
-    assert clock.record() is None               # no event inside a CUDA graph capture
-    cuda.capturing = False
-    clock.release(e)
-    made = _FakeCuda.Event.made
-    assert clock.record() is e and _FakeCuda.Event.made == made     # reused from the pool
+    for with_keys in (True, False):             # torch's C calls for the stream's key, or not (another torch)
+        cuda = _FakeCuda()
+        C = SimpleNamespace(_cuda_getDevice=lambda: 0, _cuda_getCurrentStream=lambda dev: (cuda.stream, dev, 1))
+        clock = CudaClock(SimpleNamespace(cuda=cuda, _C=C) if with_keys else SimpleNamespace(cuda=cuda))
+        assert clock.same_stream()                 # nothing recorded yet
+        e = clock.record()
+        assert e.recorded == 1 and e.stream == "Stream(default)" and clock.same_stream()
+        cuda.stream = "prefetcher"
+        assert not clock.same_stream()
+        f = clock.record()
+        assert f.stream == "Stream(prefetcher)"     # recorded on the stream current at the mark
+        cuda.capturing = True
+        assert clock.record() is None               # no event inside a CUDA graph capture
+        cuda.capturing = False
+        clock.release(e)
+        made = _FakeCuda.Event.made
+        assert clock.record() is e and _FakeCuda.Event.made == made     # reused from the pool
+        cuda.stream = "default"
+        streams = cuda.made
+        for _ in range(10):
+            clock.record()
+            clock.same_stream()
+        # with the key, a Stream object is made once per stream, not per mark (issue 20)
+        assert cuda.made - streams == (0 if with_keys else 20)
 
     # the probe: a copy made while a side stream is current is neither marked nor counted
     sim = LoopSim()

@@ -37,6 +37,9 @@ STAT_KEYS = {
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 
+# the same keys as paths into torch.cuda.memory_stats_as_nested_dict()'s dict
+NESTED_KEYS = {key: tuple(name.split(".")) for key, name in STAT_KEYS.items()}
+
 
 def step_record(stats: dict[str, Any], step: int | None = None) -> dict[str, Any] | None:
     """A compact per-step record from ``torch.cuda.memory_stats()``; None when the dict is empty
@@ -49,6 +52,26 @@ def step_record(stats: dict[str, Any], step: int | None = None) -> dict[str, Any
     for key, name in STAT_KEYS.items():
         v = stats.get(name)
         rec[key] = int(v) if isinstance(v, (int, float)) else None
+    return rec
+
+
+def step_record_nested(stats: dict[str, Any], step: int | None = None) -> dict[str, Any] | None:
+    """:func:`step_record` of ``torch.cuda.memory_stats_as_nested_dict()``: the same record, read
+    without the flattening. ``torch.cuda.memory_stats()`` flattens and sorts the allocator's ~150
+    counters in Python on every call, the largest part of the memory probe's cost on a CUDA step
+    (issue 20: ~340 µs a step on an H200 with the flat read, beside the record's write)."""
+    if not stats:
+        return None
+    rec: dict[str, Any] = {}
+    if step is not None:
+        rec["step"] = int(step)
+    for key, path in NESTED_KEYS.items():
+        v: Any = stats
+        for part in path:
+            v = v.get(part) if isinstance(v, dict) else None
+        rec[key] = int(v) if isinstance(v, (int, float)) else None
+    if rec["allocated"] is None:
+        return None
     return rec
 
 

@@ -23,7 +23,7 @@ _PATTERNS = {
     # older formats
     "allocated_old": re.compile(_SIZE + r" already allocated"),
     "reserved_old": re.compile(_SIZE + r" reserved in total by PyTorch"),
-    "cpu_requested": re.compile(r"DefaultCPUAllocator: not enough memory: you tried to allocate (\d+) bytes"),
+    "cpu_requested": re.compile(r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory): you tried to allocate (\d+) bytes"),
 }
 _GPU = re.compile(r"GPU (\d+) has a total capacity")
 

@@ -111,9 +111,12 @@ def is_oom(exc: BaseException) -> bool:
             return True
     except Exception:
         pass
-    msg = str(exc)
+    msg = str(exc).lower()
+    # the CPU allocator's words: "not enough memory" (Windows' wording in torch) or "can't allocate
+    # memory" (Linux: ENOMEM from posix_memalign)
     return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in msg.lower() or isinstance(exc, MemoryError))
+        "out of memory" in msg or isinstance(exc, MemoryError)
+        or ("defaultcpuallocator" in msg and "memory" in msg))
 
 
 def exception_info(exc: BaseException, step: int | None, script: str | None) -> dict:

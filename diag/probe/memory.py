@@ -5,9 +5,10 @@ What it records (shapes in docs/memory.md):
 * ``memory.persistent`` once, after step 1, on every run: parameter, buffer, gradient and optimizer
   state bytes of the live model and optimizer (any device).
 * CUDA runs only (skipped cleanly otherwise): ``memory.device`` once; ``memory.steps`` one record
-  per step from ``torch.cuda.memory_stats()`` (allocated, reserved, running peaks, allocation
-  retries, OOMs, inactive split bytes); ``memory.breakdown`` (the peak split into parameters,
-  gradients, optimizer state, activations, other) at each step whose peak rose.
+  per step from the allocator's counters (``torch.cuda.memory_stats_as_nested_dict()``: allocated,
+  reserved, running peaks, allocation retries, OOMs, inactive split bytes); ``memory.breakdown``
+  (the peak split into parameters, gradients, optimizer state, activations, other) at each step
+  whose peak rose.
 * ``memory.capture``: the structure, shapes and dtypes of the first training forward's inputs
   (never the tensors: the shapes are copied and the references dropped at once).
 * ``memory.oom`` when the script dies of an out-of-memory error: the allocator's state at that
@@ -191,25 +192,51 @@ class MemoryProbe:
             rec["error"] = self._spec_error
         probe.emit("set", path="memory.capture", value=rec)
 
-    def _capture_from_traceback(self, probe, exc) -> None:
-        """An OOM inside the first forward: the model and its inputs are still in the traceback's
-        frames (``Module._call_impl(self, *args, **kwargs)``); take the outermost call."""
+    @staticmethod
+    def _forward_in_traceback(exc) -> tuple | None:
+        """(module, args, kwargs) of the outermost module call in the exception's traceback (an OOM
+        inside a forward: ``Module._call_impl(self, *args, **kwargs)``'s frame still holds them)."""
         import torch
 
-        tb = exc.__traceback__
-        found = None
+        tb = exc.__traceback__ if exc is not None else None
         while tb is not None:
             f = tb.tb_frame
             if f.f_code.co_name in ("_call_impl", "_wrapped_call_impl"):
                 loc = f.f_locals
                 mod = loc.get("self")
                 if isinstance(mod, torch.nn.Module):
-                    found = (mod, loc.get("args", ()), loc.get("kwargs", {}) or {})
-                    break
+                    return mod, loc.get("args", ()), loc.get("kwargs", {}) or {}
             tb = tb.tb_next
+        return None
+
+    def _capture_from_traceback(self, probe, exc) -> None:
+        """An OOM inside the first forward: the model and its inputs are still in the traceback's
+        frames; take the outermost call."""
+        found = self._forward_in_traceback(exc)
         if found is not None:
             self._capture(probe, *found)
         found = None
+
+    def _oom_batch(self, probe, exc) -> tuple[int | None, str | None]:
+        """The batch of the step that ran out of memory (not the first step's, which memory.capture
+        holds: a job whose batches grow, or whose last batch is larger, dies on another one): the
+        failing forward's inputs, else the forwards of the step in progress (an OOM in backward or in
+        the optimizer step)."""
+        try:
+            from diag.probe.tensors import batch_size_of
+
+            found = self._forward_in_traceback(exc)
+            if found is not None:
+                n = batch_size_of(found[1], found[2])[0]
+                found = None
+                if n:
+                    return int(n), "failing forward"
+            st = getattr(probe, "current_step", None)
+            if st is not None and st.samples and st.micro_batches:
+                return int(st.samples) // int(st.micro_batches), "step in progress"
+        except Exception:
+            pass
+        return None, None
 
     # ---- live (CUDA) ------------------------------------------------------------------------------
     def _model(self, probe):
@@ -269,9 +296,9 @@ class MemoryProbe:
             return
         import torch
 
-        from diag.memory.breakdown import live_breakdown, step_record
+        from diag.memory.breakdown import live_breakdown
 
-        rec = step_record(torch.cuda.memory_stats(dev), idx)
+        rec = self._stats(torch, dev, idx)
         if rec is None:
             return
         if not self._device_emitted:
@@ -288,6 +315,16 @@ class MemoryProbe:
             if pers is not None:
                 b = live_breakdown(rec, pers)
                 probe.emit("set", path="memory.breakdown", value=b)
+
+    @staticmethod
+    def _stats(torch, dev, step: int) -> dict | None:
+        """The allocator's counters as a step record, read as the nested dict (no flattening)."""
+        from diag.memory.breakdown import step_record, step_record_nested
+
+        nested = getattr(torch.cuda, "memory_stats_as_nested_dict", None)
+        if nested is not None:
+            return step_record_nested(nested(dev), step)
+        return step_record(torch.cuda.memory_stats(dev), step)
 
     def _persistent(self, probe, device_type: str | None = None) -> dict | None:
         model = self._model(probe)
@@ -331,14 +368,17 @@ class MemoryProbe:
         from diag.memory.oom import parse_oom
 
         rec: dict[str, Any] = {"step": probe.steps_done + 1, "parsed": parse_oom(str(exc) if exc else "")}
+        batch, source = self._oom_batch(probe, exc)
+        if batch:
+            rec["batch"], rec["batch_source"] = batch, source
         dev = self._cuda_device(probe)
         if dev is not None:
             try:
                 import torch
 
-                from diag.memory.breakdown import live_breakdown, step_record
+                from diag.memory.breakdown import live_breakdown
 
-                st = step_record(torch.cuda.memory_stats(dev), probe.steps_done + 1)
+                st = self._stats(torch, dev, probe.steps_done + 1)
                 rec["stats"] = st
                 rec["total"] = int(torch.cuda.get_device_properties(dev).total_memory)
                 pers = self._persistent(probe, device_type="cuda")

@@ -11,15 +11,21 @@ import time
 from typing import Any
 
 FLUSH_S = 0.2          # step events wait at most this long before they are written
+# the per-step events: the step itself and the extensions' per-step records (``memory.steps``,
+# ``timeline.steps``), all handed to the writer thread
+DEFERRED = frozenset({"step", "append"})
 
 
 class FileSink:
     """One JSON object per line.
 
-    Every event but ``step`` is written (and reaches the file) before the call returns. ``step``
-    events, one per training step, are handed to a writer thread that encodes and writes them at
-    most :data:`FLUSH_S` later (issue 20: encoding and writing a line on the step's own thread cost
-    ~80 µs of a step, most of it cold caches after the step's work); any other event, and
+    Every event but the per-step ones (:data:`DEFERRED`: ``step``, and the ``append`` of an
+    extension's per-step record) is written (and reaches the file) before the call returns. The
+    per-step events are handed to a writer thread that encodes and writes them at most
+    :data:`FLUSH_S` later (issue 20: encoding and writing a line on the step's own thread cost ~80 µs
+    of a step, most of it cold caches after the step's work; on an H200 the memory and timeline
+    records written in place cost more than the step event did); their dicts are never changed after
+    they are emitted. Any other event, and
     :meth:`close`, write the waiting step events first, so the file keeps the order of emission. A
     crash that kills the process outright (SIGKILL, ``os._exit``) loses at most the last 0.2 s of step
     events. Writes are ``os.write`` on an ``O_APPEND`` descriptor (no Python-level buffer a forked
@@ -50,7 +56,7 @@ class FileSink:
             raise err
         if self._closed:
             return
-        if self._defer and event.get("kind") == "step":
+        if self._defer and event.get("kind") in DEFERRED:
             self._pending.append(event)        # deque.append is atomic: no lock on the step's thread
             if self._thread is None:
                 self._start()
