@@ -375,3 +375,39 @@ def test_the_probe_reads_the_allocator_unflattened_and_gets_torchs_record(monkey
     assert len(calls) == 3
     assert any(path == "memory.device" for _, path, _ in p.events)
     assert any(path == "memory.breakdown" for _, path, _ in p.events)
+
+
+def test_the_allocator_is_read_every_step_early_then_every_tenth_and_at_the_end(monkeypatch):
+    """issue 20: a record per step for the first 50 steps, then every 10th, and the run's last step;
+    the running peaks make nothing a check reads fall between two records."""
+    import torch
+
+    from diag.probe import memory as pm
+
+    peak = {"v": GiB}
+
+    def nested(dev):
+        peak["v"] += MiB                                  # the running peak grows a little each read
+        return _nested_stats(GiB, peak["v"], 2 * GiB, 2 * GiB)
+
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", nested)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type(
+        "P", (), {"name": "scripted GPU", "total_memory": A100, "major": 9, "minor": 0})())
+
+    class Probe:
+        rank, events, steps_done = 0, [], 0
+
+        def emit(self, kind, **data):
+            self.events.append((data["path"], data["value"]))
+
+        def last_model(self):
+            return torch.nn.Linear(2, 2)
+
+    mp, p = pm.MemoryProbe(), Probe()
+    mp._cuda_dev, mp._cuda_available = torch.device("cuda", 0), True
+    for i in range(1, 76):
+        p.steps_done = i
+        mp.on_step_end(p, {"index": i})
+    mp.on_exit(p, "completed")
+    steps = [v["step"] for path, v in p.events if path == "memory.steps"]
+    assert steps == list(range(1, pm.EVERY_STEP_UNTIL + 1)) + [60, 70, 75]

@@ -212,7 +212,10 @@ def test_copies_are_measured_over_the_copy_window_only():
     assert "window" in state["copies"]["window"]
 
 
-def test_steps_resolve_lazily_when_their_events_complete():
+def test_steps_resolve_lazily_when_their_events_complete(monkeypatch):
+    from diag.probe import timeline
+
+    monkeypatch.setattr(timeline, "POLL_EVERY", 1)     # resolve at every step's end (batching: below)
     clock = ScriptedClock()
     sim = LoopSim(clock)
     # the GPU is far behind the host: nothing resolves while it is
@@ -227,6 +230,33 @@ def test_steps_resolve_lazily_when_their_events_complete():
     sim.finish()                # the end of the run resolves the rest
     assert [d["index"] for d in _steps(sim)] == list(range(1, 7))
     assert sim.ext.rec.dropped == 0 and not sim.ext.rec.ring
+
+
+def test_steps_resolve_in_batches_with_the_same_records(monkeypatch):
+    """issue 20: resolving every POLL_EVERY steps (and steps 1-2, and at the end) gives the records
+    resolving every step gives, written at the batch's step."""
+    from diag.probe import timeline
+
+    def records(every):
+        monkeypatch.setattr(timeline, "POLL_EVERY", every)
+        sim = LoopSim(ScriptedClock())
+        seen_at = {}
+        for i in range(1, 21):
+            _train(sim, data_s=0.002 if i % 3 else 0.030, item=True)   # the host syncs: steps complete
+            for d in _steps(sim):
+                seen_at.setdefault(d["index"], i)
+        sim.finish()
+        return _steps(sim), seen_at
+
+    batch = timeline.POLL_EVERY
+    assert batch == 8
+    every, _ = records(1)
+    batched, seen_at = records(batch)
+    assert batched == every and [d["index"] for d in batched] == list(range(1, 21))
+    # a step completes on the device after its own end (here at the host's sync): it resolves at the
+    # next batch
+    assert {seen_at[i] for i in range(3, 8)} == {8} and {seen_at[i] for i in range(8, 16)} == {16}
+    assert seen_at[2] == 8 and 16 not in seen_at          # the rest: at the end
 
 
 def test_ring_overflow_drops_the_oldest_and_counts_them():

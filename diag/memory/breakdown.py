@@ -3,7 +3,8 @@ model and optimizer. Pure Python: the probe (:mod:`diag.probe.memory`) reads
 ``torch.cuda.memory_stats()`` and the byte counts, these functions turn them into Evidence records,
 and the checks read them back.
 
-Per step (``RankEvidence.memory["steps"]``, one record per training step)::
+Per step (``RankEvidence.memory["steps"]``, one record per training step for the first 50 steps,
+then every 10th step and the last: peaks, retries and OOMs are running totals)::
 
     {"step": 3, "allocated": ..., "reserved": ..., "peak": ..., "reserved_peak": ...,
      "retries": 0, "ooms": 0, "inactive_split": ...}

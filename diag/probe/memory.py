@@ -5,7 +5,7 @@ What it records (shapes in docs/memory.md):
 * ``memory.persistent`` once, after step 1, on every run: parameter, buffer, gradient and optimizer
   state bytes of the live model and optimizer (any device).
 * CUDA runs only (skipped cleanly otherwise): ``memory.device`` once; ``memory.steps`` one record
-  per step from the allocator's counters (``torch.cuda.memory_stats_as_nested_dict()``: allocated,
+  per step for the first 50 steps, then every 10th and the last, from the allocator's counters (``torch.cuda.memory_stats_as_nested_dict()``: allocated,
   reserved, running peaks, allocation retries, OOMs, inactive split bytes); ``memory.breakdown``
   (the peak split into parameters, gradients, optimizer state, activations, other) at each step
   whose peak rose.
@@ -37,6 +37,11 @@ from diag.probe.hooks import remove_hooks
 from diag.probe.models import find_ddp
 
 MAX_STEP_RECORDS = 2000
+# the allocator's counters are read at every step's end for the first steps (the peak settles there),
+# then every RECORD_EVERY steps and at the run's end: peaks, retries and OOMs are running totals, so
+# nothing a check reads is lost between two records, and a step does not pay the read (issue 20)
+EVERY_STEP_UNTIL = 50
+RECORD_EVERY = 10
 PEAK_RISE = 0.01            # recompute the breakdown when the running peak rises by more than 1%
 
 
@@ -74,6 +79,7 @@ class MemoryProbe:
         self._cuda_available: bool | None = None
         self._device_emitted = False
         self._last_peak = 0
+        self._recorded_step = 0          # the last step whose allocator counters were recorded
         self._replaying = False
         self._eval_capture = False       # the captured batch is an evaluation forward's (no training yet)
 
@@ -130,7 +136,8 @@ class MemoryProbe:
         if not self._persistent_done:
             self._persistent_done = True
             self._emit_persistent(probe)
-        self._cuda_step(probe, idx)
+        if idx <= EVERY_STEP_UNTIL or idx % RECORD_EVERY == 0:
+            self._cuda_step(probe, idx)
         if self.mode and not self._estimated and idx >= self.at_step and probe.rank == 0:
             # one rank is enough (the plan reads rank 0); after an OOM every rank replays its own step
             self._estimate(probe, trigger="requested", budget=_env_float("DIAG_MEMORY_BUDGET_S", 120.0))
@@ -148,6 +155,13 @@ class MemoryProbe:
             oom = status == "oom" or (exc is not None and is_oom(exc))
         except Exception:
             oom = status == "oom"
+        if self._cuda_available and probe.steps_done > self._recorded_step:
+            try:    # the last step's counters (the steps in between were sampled)
+                self._cuda_step(probe, probe.steps_done)
+            except Exception as e:
+                report = getattr(probe, "report_error", None)
+                if callable(report):
+                    report("MemoryProbe.last_step", e)
         if oom:
             self._record_oom(probe, exc)
         cuda_oom = oom and exc is not None and ("cuda" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError")
@@ -301,6 +315,7 @@ class MemoryProbe:
         rec = self._stats(torch, dev, idx)
         if rec is None:
             return
+        self._recorded_step = idx
         if not self._device_emitted:
             self._device_emitted = True
             p = torch.cuda.get_device_properties(dev)
