@@ -147,8 +147,11 @@ def cost_mfu(ctx):
     if m.get("recompute_detected") and s.get("hfu"):
         base += f", HFU {pct(s['hfu'])}"
     if "mfu_busy" in numbers:
-        base += (f" (on wall time; {pct(numbers['mfu_busy'])} over the GPU's busy time, "
-                 f"{ms(numbers['device_busy_s'])} per step on the device clock)")
+        # "busy" is the device span less the idle gaps at the step's marks: gaps between kernels
+        # inside a phase (a launch-bound step) still count as busy, so this is a lower bound on the
+        # MFU of the kernels themselves
+        base += (f" (on wall time; {pct(numbers['mfu_busy'])} over the device clock's busy time, "
+                 f"{ms(numbers['device_busy_s'])} per step, which still counts gaps between kernels)")
     if mfu > 1.0:
         yield ctx.finding(
             severity=Severity.WARNING, title="MFU above 100%",

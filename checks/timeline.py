@@ -54,7 +54,13 @@ def gpu_idle(ctx):
     head = head[0].upper() + head[1:]
     where = f" (device clock, {s.steps} steps, {ms(s.step_s)} per step on the device)"
     if s.idle_share < INFO_SHARE:
-        yield ctx.passed(head + where + ".", title="The GPU is kept busy", **numbers)
+        # events see the stream reach each mark, not whether kernels ran in between: a step bound by
+        # its kernel launches (a small model, a GPU waiting on Python inside the forward) has no idle
+        # gap at the marks though the GPU computes a fraction of the time (seen on an H200: 0% idle here,
+        # 15% MFU). Said, so that a pass is not read as "the GPU is busy"
+        yield ctx.passed(head + where + "; gaps between kernels inside a phase (a step bound by kernel "
+                         "launches) are not visible to events: cost.mfu and gpu.low-utilization judge those.",
+                         title="No idle gap at the step's marks", **numbers)
         return
     top = max((k for k in FIXES), key=lambda k: s.causes.get(k, 0.0))
     fix, snippet = FIXES[top]

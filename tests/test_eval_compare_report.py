@@ -37,7 +37,10 @@ def test_the_same_evaluation_twice_compares_evaluation_steps_and_passes(runs):
     block = json.loads(runs["base"].read_text())["compare"]
     assert block["facts"]["kind"] == "evaluation" and block["steps_total"] == 24
     assert set(block["steps"]["backward_s"]) == {0.0}      # no backward, no optimizer in an evaluation step
-    r = diag("compare", str(runs["base"]), str(runs["same"]), "--format", "json")
+    # a generous threshold: the two runs are minutes apart on a loaded 2-core machine, and 24 evaluation
+    # steps of a few ms each moved by more than the default 5% there (CI saw throughput fall 745
+    # samples/s between them); what is tested is that evaluation steps are what is compared
+    r = diag("compare", str(runs["base"]), str(runs["same"]), "--format", "json", "--max-regression", "60%")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     c = json.loads(r.stdout)
     assert c["base"][0]["kind"] == "evaluation" and c["base"][0]["steady_steps"] >= 3

@@ -258,6 +258,13 @@ def test_steps_resolve_in_batches_with_the_same_records(monkeypatch):
     assert {seen_at[i] for i in range(3, 8)} == {8} and {seen_at[i] for i in range(8, 16)} == {16}
     assert seen_at[2] == 8 and 16 not in seen_at          # the rest: at the end
 
+    # long steps (here 1.1 s of host work each) resolve at every step: the TUI's device view stays live
+    monkeypatch.setattr(timeline, "POLL_EVERY", batch)
+    sim = LoopSim(ScriptedClock())
+    for i in range(1, 7):
+        _train(sim, data_s=0.002, item=True, after=1.1)
+        assert [d["index"] for d in _steps(sim)] == list(range(1, i))
+
 
 def test_ring_overflow_drops_the_oldest_and_counts_them():
     sim = LoopSim(ring=4)

@@ -5,10 +5,11 @@ What it records (shapes in docs/memory.md):
 * ``memory.persistent`` once, after step 1, on every run: parameter, buffer, gradient and optimizer
   state bytes of the live model and optimizer (any device).
 * CUDA runs only (skipped cleanly otherwise): ``memory.device`` once; ``memory.steps`` one record
-  per step for the first 50 steps, then every 10th and the last, from the allocator's counters (``torch.cuda.memory_stats_as_nested_dict()``: allocated,
-  reserved, running peaks, allocation retries, OOMs, inactive split bytes); ``memory.breakdown``
-  (the peak split into parameters, gradients, optimizer state, activations, other) at each step
-  whose peak rose.
+  per step for the first 50 steps, then every 10th and the last, from the allocator's counters
+  (``torch.cuda.memory_stats_as_nested_dict()``: allocated, reserved, running peaks, allocation
+  retries, OOMs, inactive split bytes); ``memory.breakdown`` (the peak split into parameters,
+  gradients, optimizer state, activations, other) at each recorded step whose peak rose.
+* ``memory.oom`` carries the failing step's batch (its forward's inputs, from the traceback).
 * ``memory.capture``: the structure, shapes and dtypes of the first training forward's inputs
   (never the tensors: the shapes are copied and the references dropped at once).
 * ``memory.oom`` when the script dies of an out-of-memory error: the allocator's state at that

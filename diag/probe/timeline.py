@@ -49,7 +49,8 @@ RING = 64               # steps waiting for their events to complete (older ones
 KEEP_STEPS = 500        # resolved steps written to the evidence (the newest; totals cover all)
 FLUSH_EVERY = 20        # totals are written every this many resolved steps (and at exit)
 MAX_MARKS = 64          # marks kept per step (a step with more, e.g. a huge accumulation, is truncated)
-POLL_EVERY = 8          # completed steps are resolved in batches: every this many steps (and steps 1-2)
+POLL_EVERY = 8          # completed steps are resolved in batches: every this many steps (and steps 1-2),
+POLL_MAX_S = 1.0        # or when this long has passed since the last resolution (long steps: the TUI stays live)
 EXIT_WAIT_S = 5.0       # at the end of the run: at most this long (polling, no synchronize) for pending steps
 # copies are timed only inside the perf extension's copy watch (a sampling window: its SYNC_STEPS steps)
 COPY_WINDOW = "copies timed only inside the copy-watch window (20 steps after the first; not under torch.compile)"
@@ -395,6 +396,7 @@ class TimelineProbe:
         self._patches = None
         self._listener = None
         self._last_end_host = 0.0
+        self._last_poll_host = 0.0      # host time of the last resolution (POLL_MAX_S)
         self._thread = None
         self._ctx = None
         self._copy_open = False     # the start of the copy in progress was marked
@@ -572,7 +574,9 @@ class TimelineProbe:
         # POLL_EVERY steps, it runs with warm caches after the first record of the batch instead of
         # cold after every step's work (issue 20); the ring holds 64 steps, far more than a batch
         index = step.get("index", 0) or 0
-        if index <= 2 or index % POLL_EVERY == 0 or len(rec.ring) >= rec.ring_size - 1:
+        if index <= 2 or index % POLL_EVERY == 0 or len(rec.ring) >= rec.ring_size - 1 \
+                or self._last_end_host - self._last_poll_host >= POLL_MAX_S:
+            self._last_poll_host = self._last_end_host
             self._write(ctx, rec.poll())
 
     def on_exit(self, ctx, status) -> None:
