@@ -124,10 +124,11 @@ def run_hung(ctx):
     if stuck and len(busy) == len(stuck) and not ev.multi_rank:
         r, s = busy[0]
         yield ctx.finding(
-            severity=Severity.WARNING, title="One call for the whole window",
-            message=f"{_label(ev, r)} spent the whole window ({s.get('seconds_at_least'):g} s) in one call at "
-                    f"{_where(s.get('where'))} while using {_att(r).get('cpu_percent'):.0f}% CPU: a single very "
-                    "long operation or a busy loop, not a wait.",
+            severity=Severity.WARNING, title="One line for the whole window",
+            message=f"{_label(ev, r)} was at one line, {_where(s.get('where'))}, in every sample of the window "
+                    f"({s.get('seconds_at_least'):g} s) while using {_att(r).get('cpu_percent'):.0f}% CPU: one "
+                    "long operation, a busy loop, or that line run over and over (a data-bound loop at this "
+                    "sample rate); not a wait.",
             evidence={"rank": r.rank, "where": s.get("where"), "cpu_percent": _att(r).get("cpu_percent"),
                       "stack": s.get("stack")},
             fix="Attach again with a longer --duration: if the stack never changes, the job is stuck there.",

@@ -445,7 +445,8 @@ def test_one_busy_data_call_for_a_short_window_is_judged_not_hung():
     ev = _evidence({"data": 1.0}, stuck=stuck, cycles=0)
     ev.ranks[0].extras["attach"]["cpu_percent"] = 38.0       # what a loaded 2-core machine leaves it
     f = _by_id(judge(ev))
-    assert f["run.hung"][0].severity.value == "warning" and "One call" in f["run.hung"][0].title
+    assert f["run.hung"][0].severity.value == "warning" and "One line" in f["run.hung"][0].title
+    assert "run over and over" in f["run.hung"][0].message
     dw = f["dataloader.workers"][0]
     assert dw.severity.value == "warning" and "num_workers=0" in dw.message
     # the same stack with the CPU of a wait is a hang: the data check leaves it to run.hung
