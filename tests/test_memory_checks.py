@@ -411,3 +411,15 @@ def test_the_allocator_is_read_every_step_early_then_every_tenth_and_at_the_end(
     mp.on_exit(p, "completed")
     steps = [v["step"] for path, v in p.events if path == "memory.steps"]
     assert steps == list(range(1, pm.EVERY_STEP_UNTIL + 1)) + [60, 70, 75]
+
+    # a run that dies of an OOM: the counters at exit are the failed allocation's (its retry, the
+    # failing step's peak), kept in memory.oom, not recorded as the last completed step's
+    mp, p = pm.MemoryProbe(), Probe()
+    p.events = []
+    mp._cuda_dev, mp._cuda_available = torch.device("cuda", 0), True
+    for i in range(1, 58):
+        p.steps_done = i
+        mp.on_step_end(p, {"index": i})
+    mp.on_exit(p, "oom")
+    assert [v["step"] for path, v in p.events if path == "memory.steps"][-1] == 50
+    assert [v["step"] for path, v in p.events if path == "memory.oom"] == [58]

@@ -156,8 +156,11 @@ class MemoryProbe:
             oom = status == "oom" or (exc is not None and is_oom(exc))
         except Exception:
             oom = status == "oom"
-        if self._cuda_available and probe.steps_done > self._recorded_step:
-            try:    # the last step's counters (the steps in between were sampled)
+        # the last step's counters (the steps in between were sampled); not after an OOM: the counters
+        # then hold the failed allocation's retry and the failing step's peak (memory.oom has them),
+        # which as the last step's record would read as fragmentation
+        if self._cuda_available and not oom and probe.steps_done > self._recorded_step:
+            try:
                 self._cuda_step(probe, probe.steps_done)
             except Exception as e:
                 report = getattr(probe, "report_error", None)
