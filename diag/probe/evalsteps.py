@@ -198,11 +198,9 @@ class EvalStepRules:
             return
         probe = self
         Tensor = torch.Tensor
-        try:
-            compiling = torch.compiler.is_compiling
-        except AttributeError:      # older torch
-            def compiling():
-                return False
+        from diag.probe.hooks import compiling_check
+
+        compiling = compiling_check()
 
         # compiling() first: under torch.compile's tracing it is a constant True, so dynamo neither
         # traces diag's bookkeeping nor guards on the probe's flags (no graph break, no recompile)
