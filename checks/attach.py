@@ -79,6 +79,17 @@ def _busy_in_one_call(r, s) -> bool:
             and s.get("phase") in ("forward", "backward", "optimizer", "evaluation", "data", "other"))
 
 
+def _unjudged(ev, r, main: dict) -> str | None:
+    """Why a rank's main thread gives nothing to judge a share on (no sample; one stack for the whole
+    window while the process waited: run.hung says where), else None. A busy one-line window (a slow
+    ``__getitem__`` on a short window) is judged like any other, its shares being the whole window's."""
+    if not int(main.get("samples") or 0):
+        return f"No sample of {_label(ev, r)}'s main thread was taken."
+    if main.get("stuck") and not _busy_in_one_call(r, main["stuck"]):
+        return f"{_label(ev, r)}: no moving main thread to judge (see run.hung)."
+    return None
+
+
 # ---- new ids ------------------------------------------------------------------------------------------
 
 @check(id="run.hung", title="The job is stuck", severity="error", needs=["ranks.extras.attach.main"],
@@ -245,13 +256,9 @@ def attach_dataloader_workers(ctx):
         a = _att(r)
         main = a.get("main") or {}
         n = int(main.get("samples") or 0)
-        if n == 0:
-            yield ctx.skip(f"No sample of {_label(ev, r)}'s main thread was taken.", title=title)
-            continue
-        if main.get("stuck") and not _busy_in_one_call(r, main["stuck"]):
-            # a wait: run.hung says where; a busy one-call window (a slow __getitem__ on a short
-            # window) is judged below like any other, its shares being the whole window's
-            yield ctx.skip(f"{_label(ev, r)}: no moving main thread to judge (see run.hung).", title=title)
+        why = _unjudged(ev, r, main)
+        if why:
+            yield ctx.skip(why, title=title)
             continue
         data = _share(main, "data")
         workers = a.get("workers") or []
@@ -319,13 +326,9 @@ def attach_sync(ctx):
     for r in ev.ranks:
         main = _att(r).get("main") or {}
         n = int(main.get("samples") or 0)
-        if n == 0:
-            yield ctx.skip(f"No sample of {_label(ev, r)}'s main thread was taken.", title=title)
-            continue
-        if main.get("stuck") and not _busy_in_one_call(r, main["stuck"]):
-            # a wait: run.hung says where; a busy one-call window (a slow __getitem__ on a short
-            # window) is judged below like any other, its shares being the whole window's
-            yield ctx.skip(f"{_label(ev, r)}: no moving main thread to judge (see run.hung).", title=title)
+        why = _unjudged(ev, r, main)
+        if why:
+            yield ctx.skip(why, title=title)
             continue
         share = _share(main, "sync")
         lines = main.get("sync_lines") or []
