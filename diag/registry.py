@@ -11,7 +11,14 @@ their metadata (``diag checks``) and imported only to run.
 Nothing a check or a plugin does takes diag down: an exception of any kind (``SystemExit`` and
 ``KeyboardInterrupt`` included) while importing or running becomes a ``crashed`` finding with the
 reason, a check that runs past its time limit (``DIAG_CHECK_TIMEOUT`` seconds, default 5) is reported
-``crashed`` and left behind, and a check id declared twice is reported naming both packages.
+``crashed``, and a check id declared twice is reported naming both packages.
+
+Third-party code never runs in diag's process: plugins are imported and their checks run in one
+worker process per registry (:mod:`diag.plugin_worker`), held to a hard time and memory limit and
+killed when a check overruns, whatever the check does (a C call holding the GIL, ``os._exit``,
+``atexit``, printing, ``os.chdir``). diag's process only holds a description of each plugin check.
+The built-in checks (the modules of the ``diag.checks`` package) run in diag's process, each in a
+thread with the same time limit (left behind when it overruns).
 
 Evidence from ``diag check`` (the probe) and from ``diag attach`` (sampled stacks) runs through the same
 registry: a check runs only on the evidence sources it judges (``Check.judges``, declared with
@@ -25,6 +32,7 @@ import importlib
 import os
 import pkgutil
 import threading
+import time
 import traceback
 import types
 from dataclasses import dataclass
@@ -144,12 +152,198 @@ def _call_with_limit(fn: Callable, timeout: float | None):
     return box.get("result"), None
 
 
+def _remote_stub(*_a, **_k):
+    raise RuntimeError("a plugin check runs in diag's plugin worker, not in diag's process")
+
+
+def _remote_spec(d: dict, source: str) -> Check:
+    """diag's description of a plugin check that lives in the worker."""
+    def strs(v):
+        return [str(x) for x in v] if isinstance(v, list) else []
+
+    return Check(id=str(d.get("id")), title=str(d.get("title") or d.get("id")), func=_remote_stub,
+                 severity=str(d.get("severity") or "warning"), needs=strs(d.get("needs")),
+                 tags=strs(d.get("tags")), description=str(d.get("description") or ""),
+                 docs=d.get("docs") if isinstance(d.get("docs"), str) else None, source=source,
+                 takes_context=bool(d.get("takes_context")),
+                 module=d.get("module") if isinstance(d.get("module"), str) else None,
+                 sources=strs(d.get("sources")) or None,
+                 replaces=d.get("replaces") if isinstance(d.get("replaces"), str) else None)
+
+
+class _Plugins:
+    """The worker that holds the plugins' code, shared by a registry and its selections."""
+
+    def __init__(self, eps: list[tuple[str, str]], timeout: Callable[[], float | None]):
+        from diag.plugin_worker import memory_limit_mib
+
+        self.eps = eps                   # (key "name = value", dist) of every plugin entry point
+        self.memory = memory_limit_mib()
+        self.timeout = timeout
+        self.worker = None
+        self.failed: set[str] = set()    # entry points left out of every (re)start: they broke a worker
+        self.evidence_id: int | None = None
+        self.starts = 0
+        self.start_s = 0.0
+
+    def start(self, on_loaded: Callable[[dict], None] | None = None,
+              on_problem: Callable[[str, str], None] | None = None) -> bool:
+        """A live worker with every plugin loaded (True), or False when none could be started."""
+        from diag.plugin_worker import PluginWorker, WorkerDied, WorkerTimeout
+
+        while True:
+            if self.worker is not None and self.worker.alive:
+                return True
+            self.close()
+            t0 = time.monotonic()
+            try:
+                self.worker = PluginWorker(self.memory).start()
+            except (WorkerDied, WorkerTimeout) as e:
+                why = e.why if isinstance(e, WorkerDied) else "the plugin worker did not start in time"
+                for key, _dist in self.eps:
+                    if key not in self.failed and on_problem is not None:
+                        on_problem(key, why)
+                    self.failed.add(key)
+                self.close()
+                return False
+            self.starts += 1
+            self.evidence_id = None
+            current = None
+            try:
+                self.worker.send({"op": "load", "skip": sorted(self.failed)})
+                while True:
+                    msg = self.worker.receive(self.timeout() if current else 60.0)
+                    ev = msg.get("ev")
+                    if ev == "loading":
+                        current = msg.get("ep")
+                    elif ev == "loaded":
+                        current = None
+                        if on_loaded is not None:
+                            on_loaded(msg)
+                    elif ev == "ready":
+                        self.start_s += time.monotonic() - t0
+                        return True
+            except WorkerTimeout:
+                why = (f"importing it took longer than {self.timeout():g} s" if current
+                       else "the plugin worker stopped answering")
+            except WorkerDied as e:
+                why = f"importing it ended the plugin worker ({e.why.replace('the plugin', 'its')})" \
+                    if current else e.why
+            self.start_s += time.monotonic() - t0
+            if current is None:
+                for key, _dist in self.eps:
+                    if key not in self.failed and on_problem is not None:
+                        on_problem(key, why)
+                    self.failed.add(key)
+                self.close()
+                return False
+            if on_problem is not None:
+                on_problem(current, why)
+            self.failed.add(current)
+            self.close()       # and start again without it
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        self.evidence_id = None
+
+    def run(self, specs: list[Check], evidence, timeout: float | None) -> dict[tuple[str, str], list[Finding]]:
+        """Every plugin check's findings, keyed by (id, source)."""
+        from diag.plugin_worker import LOAD_EVIDENCE_TIMEOUT_S, MEMORY_ENV, WorkerDied, WorkerTimeout
+
+        out: dict[tuple[str, str], list[Finding]] = {}
+        text = None
+        todo = list(specs)
+        while todo:
+            spec = todo[0]
+            if not self.start():
+                for s in todo:
+                    out[(s.id, s.source)] = _crashed(s, "The check could not run: diag's plugin worker did "
+                                                        "not start.")
+                return out
+            w = self.worker
+            try:
+                if self.evidence_id != id(evidence):
+                    if text is None:
+                        try:
+                            text = evidence.to_json(indent=None)
+                        except (TypeError, ValueError) as e:
+                            for s in todo:
+                                out[(s.id, s.source)] = _crashed(
+                                    s, f"The check could not run: the evidence cannot be handed to the "
+                                       f"plugin worker ({e}).")
+                            return out
+                    path = os.path.join(w._dir, "evidence.json")
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        f.write(text)
+                    w.send({"op": "evidence", "path": path})
+                    msg = w.receive(LOAD_EVIDENCE_TIMEOUT_S)
+                    if msg.get("ev") != "ok":
+                        why = str(msg.get("why") or "it could not read the evidence")
+                        for s in todo:
+                            out[(s.id, s.source)] = _crashed(s, f"The check could not run: diag's plugin "
+                                                                f"worker could not read the evidence ({why}).")
+                        return out
+                    self.evidence_id = id(evidence)
+            except (WorkerDied, WorkerTimeout) as e:
+                why = e.why if isinstance(e, WorkerDied) else "it did not read the evidence in time"
+                for s in todo:
+                    out[(s.id, s.source)] = _crashed(s, f"The check could not run: diag's plugin worker "
+                                                        f"failed ({why}).")
+                self.close()
+                return out
+            try:
+                w.send({"op": "run", "id": spec.id, "source": spec.source})
+                msg = w.receive(timeout)
+            except WorkerTimeout:
+                out[(spec.id, spec.source)] = _crashed(
+                    spec, f"The check did not finish within {timeout:g} s and was stopped (its worker "
+                          f"process was killed; the limit is set with {TIMEOUT_ENV}).")
+                self.close()
+                todo.pop(0)
+                continue
+            except WorkerDied as e:
+                out[(spec.id, spec.source)] = _crashed(
+                    spec, f"The check ended diag's plugin worker: {e.why.replace('the plugin', 'its')}; "
+                          "diag's own exit code and output are unaffected.")
+                self.close()
+                todo.pop(0)
+                continue
+            todo.pop(0)
+            rows = msg.get("findings")
+            output = msg.get("output") or ""
+            if not isinstance(rows, list):
+                out[(spec.id, spec.source)] = _crashed(spec, "The check was not found in diag's plugin worker.")
+                continue
+            found = []
+            for row in rows:
+                try:
+                    f = Finding.from_dict(row)
+                except Exception as e:
+                    found = _crashed(spec, f"The check returned a finding diag cannot read ({type(e).__name__}).")
+                    break
+                if f.severity is Severity.CRASHED and f.message.startswith("The check raised MemoryError"):
+                    f.message = (f"The check ran past its memory limit ({self.memory} MiB, set with "
+                                 f"{MEMORY_ENV}).")
+                found.append(f)
+            if output.strip():
+                for f in found:
+                    if isinstance(f.evidence, dict):
+                        f.evidence["plugin_output"] = output
+            out[(spec.id, spec.source)] = found
+        return out
+
+
 class Registry:
     def __init__(self, specs: list[Check] | None = None):
         self.specs: list[Check] = list(specs or [])
         self.problems: list[LoadProblem] = []
         self.plugins: list[PluginEntry] = []     # third-party entry points (listed, maybe not loaded)
         self.timeout: float | None = None        # None: read DIAG_CHECK_TIMEOUT when running
+        self._plugins: _Plugins | None = None    # the worker holding the plugins' code
+        self._remote: set[int] = set()           # id() of the specs that live in the worker
 
     # ---- discovery ----------------------------------------------------------------------------
     @classmethod
@@ -177,11 +371,51 @@ class Registry:
         # The built-in modules are also found directly: a source tree that was never installed,
         # or installed metadata older than the tree, must not hide a built-in check.
         reg._add_builtin_modules(owner)
-        if load_plugins:
-            for ep, entry in zip(plugin_eps, reg.plugins):
-                reg._load_plugin(ep, entry, owner)
+        if load_plugins and plugin_eps:
+            reg._load_plugins(plugin_eps, owner)
         reg.specs.sort(key=lambda s: s.id)
         return reg
+
+    def _load_plugins(self, plugin_eps, owner: dict[str, str]) -> None:
+        """Import the plugins in the worker; diag keeps a description of each check."""
+        from diag.plugin_worker import memory_limit_mib
+
+        memory_limit_mib()   # a bad DIAG_CHECK_MEMORY is a usage error before anything runs
+        dists = {f"{ep.name} = {ep.value}": (getattr(getattr(ep, "dist", None), "name", None) or "?")
+                 for ep in plugin_eps}
+        self._plugins = _Plugins(sorted(dists.items()), self._timeout)
+        done: set[str] = set()
+
+        def loaded(msg: dict) -> None:
+            key = str(msg.get("ep"))
+            if key in done:
+                return          # a restarted worker loads it again: described once
+            done.add(key)
+            where = f"{key} (from {dists.get(key, '?')})"
+            if msg.get("error"):
+                self.problems.append(LoadProblem(where, str(msg["error"])))
+                return
+            rows = [r for r in msg.get("specs") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)]
+            if not rows:
+                self.problems.append(LoadProblem(where, "it declares no check (no function decorated with "
+                                                        "diag.checks.api.check)"))
+                return
+            specs = [_remote_spec(r, str(msg.get("source"))) for r in rows]
+            self._remote.update(id(s) for s in specs)
+            self._add(specs, owner)
+
+        def problem(key: str, why: str) -> None:
+            if key in done:
+                return
+            done.add(key)
+            self.problems.append(LoadProblem(f"{key} (from {dists.get(key, '?')})", why))
+
+        self._plugins.start(loaded, problem)
+
+    def close(self) -> None:
+        """End the plugin worker (also done when diag exits)."""
+        if self._plugins is not None:
+            self._plugins.close()
 
     def _add(self, specs: list[Check], owner: dict[str, str]) -> None:
         for spec in specs:
@@ -196,24 +430,6 @@ class Registry:
                 continue
             owner[spec.id] = spec.source
             self.specs.append(spec)
-
-    def _load_plugin(self, ep, entry: PluginEntry, owner: dict[str, str]) -> None:
-        label = f"{ep.name} = {ep.value}"
-        obj, err = _call_with_limit(ep.load, self._timeout())
-        if err is not None:
-            kind, e, _tb = err
-            if kind == "timeout":
-                why = f"importing it took longer than {self._timeout():g} s"
-            else:
-                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            self.problems.append(LoadProblem(f"{label} (from {entry.dist})", why))
-            return
-        specs = _specs_in(obj, entry.source)
-        if not specs:
-            self.problems.append(LoadProblem(f"{label} (from {entry.dist})",
-                                             "it declares no check (no function decorated with "
-                                             "diag.checks.api.check)"))
-        self._add(specs, owner)
 
     def _add_builtin_modules(self, owner: dict[str, str]) -> None:
         import diag.checks as pkg
@@ -255,16 +471,26 @@ class Registry:
         out.problems = self.problems
         out.plugins = self.plugins
         out.timeout = self.timeout
+        out._plugins = self._plugins
+        out._remote = self._remote
         return out
+
+    def is_plugin(self, spec: Check) -> bool:
+        """True for a check whose code lives in the plugin worker."""
+        return id(spec) in self._remote
 
     # ---- running --------------------------------------------------------------------------------
     def run(self, evidence) -> list[Finding]:
         timeout = self._timeout()
         findings: list[Finding] = []
-        for spec in self.specs:
-            if self.answered_by_another(spec, evidence):
-                continue
-            findings.extend(dedupe(run_one(spec, evidence, timeout=timeout)))
+        todo = [s for s in self.specs if not self.answered_by_another(s, evidence)]
+        remote = [s for s in todo if self.is_plugin(s)]
+        results = self._plugins.run(remote, evidence, timeout) if remote and self._plugins else {}
+        for spec in todo:
+            if self.is_plugin(spec):
+                findings.extend(dedupe(results.get((spec.id, spec.source)) or []))
+            else:
+                findings.extend(dedupe(run_one(spec, evidence, timeout=timeout)))
         for p in self.problems:
             findings.append(Finding(
                 id=p.id, severity=Severity.CRASHED, title=p.title,
