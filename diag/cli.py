@@ -76,8 +76,71 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a CI job cancelled, a terminal closed): the same clean stop as Ctrl-C."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def _stop_like_ctrl_c() -> None:
+    """SIGTERM and SIGHUP raise :class:`Terminated` in the main thread, at any moment (while the
+    script runs, while checks run, while a large --from file loads): what Ctrl-C ends cleanly, they
+    end cleanly (processes ended, temporary files removed, one line, exit 130)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        raise Terminated(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass
+
+
+# what a terminal that cannot show them gets instead (a non-UTF-8 locale, PYTHONIOENCODING=ascii)
+_ASCII = {"—": "-", "–": "-", "≈": "~", "×": "x", "…": "...", "µ": "u", "≥": ">=", "≤": "<=", "→": "->",
+          "←": "<-", "·": "-", "•": "*", "✓": "v", "✗": "x", "│": "|", "─": "-", "▶": ">", "‘": "'", "’": "'",
+          "“": '"', "”": '"', "±": "+/-", "°": "deg", "Δ": "delta "}
+
+
+def _plain(err: UnicodeError):
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    text = err.object[err.start:err.end]
+    out = "".join(_ASCII.get(c, c.encode("ascii", "backslashreplace").decode("ascii")) for c in text)
+    return out, err.end
+
+
+def _encodable_streams() -> None:
+    """stdout and stderr never raise UnicodeEncodeError: a character the locale's encoding cannot
+    hold is written in plain ASCII (— as -, ≈ as ~) or escaped."""
+    import codecs
+
+    try:
+        codecs.lookup_error("diag-plain")
+    except LookupError:
+        codecs.register_error("diag-plain", _plain)
+    for stream in (sys.stdout, sys.stderr):
+        enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        if enc in ("utf8", "utf16", "utf32"):
+            continue
+        try:
+            stream.reconfigure(errors="diag-plain")
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _encodable_streams()
     own, script_args = split_script_args(argv)
     parser = build_parser()
     args = parser.parse_args(own)
@@ -85,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return ExitCode.USAGE
+    if args.command != "tui":     # the TUI restores the terminal on SIGTERM/SIGHUP itself
+        _stop_like_ctrl_c()
     try:
         return int(args._module.run(args))
     except DiagError as e:
@@ -92,11 +157,31 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             sys.stderr.write(f"hint: {e.hint}\n")
         return e.code
-    except KeyboardInterrupt:
-        sys.stderr.write("diag: interrupted\n")
+    except KeyboardInterrupt as e:
+        how = f" by {e.name}" if isinstance(e, Terminated) else ""
+        _quiet_write(f"diag: interrupted{how}\n")
         return ExitCode.INTERRUPTED
     except BrokenPipeError:
         return _closed_stdout()
+    except OSError as e:
+        import errno
+
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG):
+            raise
+        # the report does not fit where it goes (> /dev/full, a full disk, a dead terminal)
+        where = f"to {e.filename!r}" if e.filename else "to stdout"
+        if not e.filename:
+            _closed_stdout()
+        _quiet_write(f"diag: error: cannot write the report {where}: {e.strerror or e}\n")
+        return ExitCode.USAGE
+
+
+def _quiet_write(text: str) -> None:
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _closed_stdout() -> int:
@@ -114,7 +199,16 @@ def _closed_stdout() -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _closed_stdout()
+    except OSError as e:   # the last buffered bytes of the report did not fit (> /dev/full)
+        _closed_stdout()
+        _quiet_write(f"diag: error: cannot write the report to stdout: {e.strerror or e}\n")
+        code = ExitCode.USAGE
+    sys.exit(code)
 
 
 if __name__ == "__main__":

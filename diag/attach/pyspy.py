@@ -138,7 +138,8 @@ def dump(pid: int, owner_uid: int | None = None, timeout: float = 30.0, tries: i
     for attempt in range(max(1, tries)):
         try:
             proc = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"],
-                                  capture_output=True, text=True, timeout=timeout, start_new_session=True)
+                                  capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                                  preexec_fn=_dies_with_diag())
         except subprocess.TimeoutExpired:
             raise DiagError(f"py-spy did not answer within {timeout:.0f} s for PID {pid}") from None
         except OSError as e:
@@ -158,15 +159,53 @@ def dump(pid: int, owner_uid: int | None = None, timeout: float = 30.0, tries: i
     return data
 
 
+def _dies_with_diag():
+    """A ``preexec_fn``: py-spy gets PR_SET_PDEATHSIG=SIGKILL, so it ends when diag dies, however
+    (``kill -9`` and ``timeout`` included); SIGTERM and SIGHUP to diag stop it as Ctrl-C does."""
+    from diag import supervise
+
+    return supervise.child_preexec(os.getpid())
+
+
+TMP_PREFIX = "diag-attach-"
+
+
+def sweep_stale(tmp: str | None = None) -> None:
+    """Remove the folders of earlier attaches whose diag died before it could (``kill -9``): their
+    names carry diag's pid."""
+    tmp = tmp or tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(TMP_PREFIX):
+            continue
+        parts = name[len(TMP_PREFIX):].split("-", 1)
+        if not parts[0].isdigit() or int(parts[0]) == os.getpid():
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            if os.stat(path).st_uid != os.geteuid():
+                continue
+            os.kill(int(parts[0]), 0)
+            continue                     # its diag is alive
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
 class Recording:
     """``py-spy record`` running in the background for a window; :meth:`wait` returns the speedscope
     document. py-spy runs in its own session and is always ended (SIGINT makes it write what it has,
-    then SIGKILL after a grace period)."""
+    then SIGKILL after a grace period), and it dies with diag (PR_SET_PDEATHSIG)."""
 
     def __init__(self, pid: int, duration: float, rate: int, subprocesses: bool = True,
                  owner_uid: int | None = None):
         self.pid, self.duration, self.rate, self.owner_uid = pid, duration, rate, owner_uid
-        self._dir = tempfile.mkdtemp(prefix="diag-attach-")
+        sweep_stale()
+        self._dir = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         self.output = os.path.join(self._dir, "profile.speedscope.json")
         cmd = [executable(), "record", "--pid", str(pid), "--format", "speedscope", "--output", self.output,
                "--rate", str(rate), "--duration", str(max(1, int(round(duration)))), "--nonblocking", "--idle",
@@ -178,9 +217,10 @@ class Recording:
         self._err = open(os.path.join(self._dir, "stderr.txt"), "w+")
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._err, stderr=self._err,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_dies_with_diag())
         except OSError as e:
             self._err.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
             raise DiagError(f"cannot run py-spy ({cmd[0]}): {e.strerror}") from None
 
     def stop(self) -> None:
@@ -198,6 +238,11 @@ class Recording:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        try:
+            self._err.close()
+        except Exception:
+            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def wait(self) -> dict:
         """The speedscope document. On Ctrl-C, py-spy is asked to finish and what it sampled so far
