@@ -182,7 +182,7 @@ def test_diag_watch_hooks_a_model_built_before_it(monkeypatch):
 
     model = proto._mlp()                      # built before the probe: found by the install's scan
     with diag.watch() as run:
-        assert [type(h).__name__ for h in model._forward_pre_hooks.values()] == ["_Hook"]
+        assert [type(h).__name__ for h in model._forward_pre_hooks.values()] == ["ProbeHook"]
         proto._train(model, 6)
         assert not nn_module._has_any_global_hook()
     assert not model._forward_pre_hooks

@@ -39,6 +39,7 @@ from typing import Any, Callable
 from diag.probe.environment import ENV_ALLOWLIST, environment
 from diag.probe.frames import (exception_info, frame_location, is_library_file, is_oom, set_user_script,
                                user_frame)
+from diag.probe import marks
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
 from diag.probe.hooks import Patches, _never, compiling_check, remove_hooks, run_eagerly
 from diag.probe.quiet import silence_hook_warnings
@@ -140,6 +141,9 @@ class Probe(StepRules):
         self._forked = False
         self._handles: list = []
         self._patches = Patches()
+        self._globals = None                    # the global hooks when the hand-over is off
+        self._lifted = marks.Lifted()          # diag's hooks out of torch.jit.script/trace, export, fx
+        self._iters: dict[int, list] = {}       # id(DataLoader iterator) -> [weakref, loader id, first batch?]
         self.extensions = list(extensions or [])
         # state
         self._depth = 0
@@ -413,6 +417,7 @@ class Probe(StepRules):
         self.slow_path_ns, self.hooked_call_ns, self.autograd_hook_ns = _calibrate()
         if handover_enabled():
             self._handover = HandOver(self).install(scan=scan_modules)
+            self._lifted.register(self._handover)
         else:
             fwd_pre, fwd_post = self._fwd_pre, self._fwd_post
 
@@ -422,9 +427,13 @@ class Probe(StepRules):
             def g_post(module, args, kwargs=None, output=None):
                 return None if _compiling() else fwd_post(module, args, kwargs, output)
 
-            self._handles.append(nn_module.register_module_forward_pre_hook(g_pre))
-            self._handles.append(nn_module.register_module_forward_hook(
-                g_post, with_kwargs=True, always_call=True))
+            self._globals = marks.GlobalHooks(g_pre, g_post).add()
+            self._lifted.register(self._globals)
+        try:   # nothing of diag in a pickled, copied, scripted or traced module (diag.probe.marks)
+            marks.install(self._patches, self._lifted,
+                          self._handover.restored if self._handover is not None else None)
+        except Exception as e:
+            self.report_error("marks", e)
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(register_optimizer_step_post_hook(self._opt_post))
 
@@ -478,7 +487,7 @@ class Probe(StepRules):
             except StopIteration:
                 probe._in_data -= 1
                 try:
-                    probe._pass_ended(getattr(it, "_diag_loader", None))
+                    probe._pass_ended(probe._iter_lid(it))
                 except Exception as e:
                     probe.report_error("dataloader.StopIteration", e)
                 raise
@@ -614,6 +623,8 @@ class Probe(StepRules):
         self.active = False
         if self._handover is not None:
             self._handover.uninstall()
+        if self._globals is not None:
+            self._globals.remove()
         self._es_uninstall()   # diag.probe.evalsteps: its lazily patched tensor methods
         for h in self._handles:
             remove_global_hook(h)   # also torch's with_kwargs leak (a compile warning for ever after)
@@ -1092,27 +1103,40 @@ class Probe(StepRules):
             self.epoch = max(self.epoch, info["epochs"])
         if self._handover is not None:
             self._handover.request("loader")   # an epoch or an evaluation loop begins: look again
+        # the iterator is the user's object: what the probe knows of it is kept here, not on it
+        key = id(it)
+        iters = self._iters
         try:
-            it._diag_loader = info["id"]
-            it._diag_first = True
-        except Exception:
-            pass
+            ref = weakref.ref(it, lambda _r, k=key: iters.pop(k, None))
+        except TypeError:
+            ref = None
+        iters[key] = [ref, info["id"], True]
         self.emit("dataloader", **info)
+
+    def _iter_lid(self, it):
+        """The loader id of a DataLoader iterator the probe saw start (None for one it did not)."""
+        rec = self._iters.get(id(it))
+        if rec is None or (rec[0] is not None and rec[0]() is not it):
+            return None
+        return rec[1]
 
     def _before_data(self, t: float) -> None:
         self._close_group()
         self._before_activity(t)
 
     def _on_batch(self, it, dt: float, batch=None, t0: float | None = None) -> None:
-        lid = getattr(it, "_diag_loader", None)
+        rec = self._iters.get(id(it))
+        if rec is not None and rec[0] is not None and rec[0]() is not it:
+            rec = None
+        lid = rec[1] if rec is not None else None
         info = self._loaders_by_lid.get(lid) if lid is not None else None
         if info is not None:
             info["batches"] += 1
             info["wait_s"] += dt
             if dt > info["max_wait_s"]:
                 info["max_wait_s"] = dt
-            if getattr(it, "_diag_first", False):
-                it._diag_first = False
+            if rec[2]:
+                rec[2] = False
                 info["first_batch_s"].append(round(dt, 6))
                 if len(info["first_batch_s"]) > 200:
                     del info["first_batch_s"][0]
@@ -1254,7 +1278,7 @@ def _measure_hooked_forward() -> float:
     try:
         import torch
 
-        from diag.probe.handover import _Hook
+        from diag.probe.marks import ProbeHook as _Hook
 
         m = torch.nn.Identity()
         x = torch.zeros(1)

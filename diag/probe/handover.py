@@ -25,7 +25,6 @@ forward of each model, so:
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ import warnings
 import weakref
 
 from diag.probe.hooks import _never, compiling_check, run_eagerly
+from diag.probe.marks import ProbeHook, lift_module_hooks, put_back
 
 _compiling = _never           # torch.compiler.is_dynamo_compiling once installed (hooks.compiling_check)
 
@@ -62,34 +62,9 @@ def remove_global_hook(handle) -> None:
     getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(getattr(handle, "id", None), None)
 
 
-class _Hook(functools.partial):
-    """A module-local hook that survives ``copy.deepcopy`` as itself (an EMA copy of the model must
-    not drag the whole probe, sink file included, into the copy), and pickles to a no-op
-    (``torch.save(model)`` of a whole module during the run). A ``functools.partial`` of the hook
-    function: calling it is a C call, not one more Python frame per forward (issue 20)."""
-
-    __slots__ = ()
-
-    @property
-    def fn(self):
-        return self.func
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def __copy__(self):
-        return self
-
-    def __reduce__(self):
-        return (_restored_hook, ())
-
-
-def _noop_hook(*a):
-    return None
-
-
-def _restored_hook():
-    return _noop_hook
+# diag's module-local hooks: a type of their own, which the probe's reduction and lifting recognise
+# (diag.probe.marks: nothing of diag in a pickled, copied, scripted or traced module)
+_Hook = ProbeHook
 
 
 class HandOver:
@@ -127,6 +102,7 @@ class HandOver:
         self.steps = 0
         self.windows: list[tuple[int, str]] = []    # (step, reason) of each window opened
         self.handovers = 0
+        self._lifted = 0                            # inside a call that compiles or traces a module (marks.Lifted)
 
     # ---- install ------------------------------------------------------------------------------------
     def install(self, scan: bool = False) -> "HandOver":
@@ -286,7 +262,7 @@ class HandOver:
     def request(self, reason: str) -> None:
         """Open a discovery window now when no forward is running, else when the outermost forward
         ends. A reason whose windows keep finding nothing new waits 2, 4, 8, ... steps."""
-        if not self.active or self.discovering or not self.probe.is_live():
+        if not self.active or self.discovering or self._lifted or not self.probe.is_live():
             return
         if self.steps < self._not_before.get(reason, 0):
             return
@@ -296,8 +272,6 @@ class HandOver:
             self._pending = reason
 
     def _open(self, reason: str) -> None:
-        from torch.nn.modules import module as nn_module
-
         self._pending = None
         self.discovering = True
         self.step_in_window = True
@@ -308,9 +282,34 @@ class HandOver:
         # for this window only; the warning is not the user's concern
         warnings.filterwarnings("ignore", message=_COMPILE_WARNING)
         self._warn_filter = warnings.filters[0]
+        self._add_globals()
+
+    def _add_globals(self) -> None:
+        from torch.nn.modules import module as nn_module
+
         self._global.append(nn_module.register_module_forward_pre_hook(self._g_pre))
         self._global.append(nn_module.register_module_forward_hook(self._g_post, with_kwargs=True,
                                                                    always_call=True))
+
+    # ---- lifting (diag.probe.marks.Lifted): out of the way of torch.jit.script/trace, export, fx -------
+    def lift(self):
+        """Take the probe's hooks out of the hooked modules and, in a window, torch's global hooks out:
+        a call that compiles or traces a module sees none of diag's."""
+        mods = [ref() for ref, _a, _b in self._hooked.values()]
+        token = lift_module_hooks([m for m in mods if m is not None])
+        had_global = bool(self._global)
+        for h in self._global:
+            remove_global_hook(h)
+        self._global.clear()
+        self._lifted += 1
+        return token, had_global
+
+    def restore(self, lifted) -> None:
+        token, had_global = lifted
+        self._lifted -= 1
+        put_back(token)
+        if had_global and self.discovering and self.active and not self._global:
+            self._add_globals()
 
     def _hand_over(self) -> None:
         for h in self._global:
@@ -359,6 +358,8 @@ class HandOver:
     def _hook(self, module) -> int:
         import torch
 
+        if self._lifted:
+            return 0                          # inside torch.jit.script/trace, export, fx: nothing of diag's
         if isinstance(module, (torch.fx.GraphModule, torch.jit.ScriptModule)):
             return 0                          # built by torch.compile/fx (called inside compiled code), or scripted
         key = id(module)
@@ -387,7 +388,7 @@ class HandOver:
 
     # ---- signals ------------------------------------------------------------------------------------
     def _live(self) -> bool:
-        return self.active and self.probe.is_live()
+        return self.active and not self._lifted and self.probe.is_live()
 
     def _on_child(self, parent, name, child):
         if child is None or not self._live():
@@ -418,6 +419,25 @@ class HandOver:
             self.probe.report_error("handover.parameter_registration", e)
         self.probe._own_ns += time.perf_counter_ns() - t0
         return None
+
+    def restored(self, module) -> None:
+        """``module``'s state was just set from a copy or a pickle (``copy.deepcopy`` of a hooked model:
+        an EMA; ``torch.load`` of a whole model). It carries no hook of diag's (diag.probe.marks): hook
+        it as a module built in the run is hooked. Its children were restored before it: unhook them."""
+        if not self._live():
+            return
+        t0 = time.perf_counter_ns()
+        try:
+            for child in module._modules.values():
+                if child is not None:
+                    self._children.add(child)
+                    if id(child) not in self.known:
+                        self._unhook(child)
+            if module not in self._children and self.probe.module_has_parameters(module):
+                self._hook(module)
+        except Exception as e:
+            self.probe.report_error("handover.restored", e)
+        self.probe._own_ns += time.perf_counter_ns() - t0
 
     def _opt_pre(self, opt, args, kwargs):
         if id(opt) not in self._opts and self._live():

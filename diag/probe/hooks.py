@@ -97,8 +97,11 @@ class Patches:
     def patch_instance(self, obj: Any, name: str, new: Any) -> None:
         """Set ``name`` on one object (bypassing its ``__setattr__``); undo deletes it again. The
         object is held weakly: one that is gone by then needs no undoing."""
+        from diag.probe.marks import mark_attribute
+
         object.__setattr__(obj, name, new)
         self._items.append((weakref.ref(obj), name, _ABSENT, True))
+        mark_attribute(obj, name)       # left out of the object's pickle/deepcopy (diag.probe.marks)
 
     def undo(self) -> None:
         """Restore every patched attribute, newest first; one that fails is skipped."""
@@ -107,8 +110,12 @@ class Patches:
             try:
                 if instance:
                     obj = owner()
-                    if obj is not None and name in obj.__dict__:
-                        del obj.__dict__[name]
+                    if obj is not None:
+                        from diag.probe.marks import unmark_attribute
+
+                        unmark_attribute(obj, name)
+                        if name in obj.__dict__:
+                            del obj.__dict__[name]
                 else:
                     restore_attribute(owner, name, orig)
             except Exception:
