@@ -153,8 +153,10 @@ def gather(args):
 
 
 def run(args) -> int:
-    from diag.commands.check import exit_code_for
+    from diag.commands.check import check_outputs, exit_code_for
     from diag.registry import Registry
+
+    check_outputs(args, example="diag attach PID -o report.txt")   # never over the evidence it reads
 
     # the one registry, as diag check: checks that sampling cannot answer report themselves skipped;
     # a bad --select/--ignore is a usage error before any sampling

@@ -142,14 +142,20 @@ def execute_script(script: str, script_args: list[str], *, steps=None, max_time=
 
 def check_outputs(args, example: str = "diag check --script train.py --format html -o report.html") -> None:
     """Usage errors of the report options, found before anything runs: -o/--html must name a file in
-    an existing, writable directory; HTML is never written to a terminal (``example`` is the hint)."""
+    an existing, writable directory, never one of the run's inputs (the script, a file among its
+    arguments, the evidence or baseline read, the run directory's own files) nor each other; HTML is
+    never written to a terminal (``example`` is the hint). The paths are made absolute here, so that
+    nothing that changes the current directory later moves where the report lands."""
     import os
 
     output = getattr(args, "output", None)
     if args.format == "html" and not output and sys.stdout.isatty():
         raise DiagError("--format html writes a web page, which a terminal cannot show: give -o FILE "
                         "(or redirect stdout to a file)", hint=example)
-    for opt, path in (("-o", output), ("--html", getattr(args, "html", None))):
+    inputs = protected_inputs(args)
+    seen: dict[str, str] = {}
+    for opt, dest in (("-o", "output"), ("--html", "html")):
+        path = getattr(args, dest, None)
         if not path:
             continue
         parent = os.path.dirname(os.path.abspath(path))
@@ -159,6 +165,62 @@ def check_outputs(args, example: str = "diag check --script train.py --format ht
             raise DiagError(f"cannot write the report to {path!r}: the directory {parent!r} does not exist")
         if not os.access(parent, os.W_OK):
             raise DiagError(f"cannot write the report to {path!r}: the directory {parent!r} is not writable")
+        for what, other in inputs:
+            if same_file(path, other):
+                raise DiagError(f"{opt} {path!r} is {what}: diag never writes over an input of the run; "
+                                "give another file name for the report")
+        key = os.path.realpath(path)
+        if key in seen:
+            raise DiagError(f"{opt} and {seen[key]} both name {path!r}: give each report its own file")
+        seen[key] = opt
+        setattr(args, dest, os.path.abspath(path))
+
+
+def protected_inputs(args) -> list[tuple[str, str]]:
+    """(what it is, path) for every file a command reads or owns that a report must never replace."""
+    import os
+
+    out: list[tuple[str, str]] = []
+    script = getattr(args, "script", None)
+    if script:
+        out.append(("the training script", script))
+    for a in getattr(args, "script_args", None) or []:
+        for part in (a, a.split("=", 1)[-1]):
+            if part and os.path.isfile(part):
+                out.append(("a file among the script's arguments", part))
+    froms = getattr(args, "from_", None) or []
+    for f in [froms] if isinstance(froms, str) else froms:
+        out.append(("the evidence read by --from", f))
+        out.append(("the evidence read by --from", os.path.join(f, "evidence.json")))
+    for dest, what in (("baseline", "the baseline read by --baseline"), ("base", "the baseline compared"),
+                       ("new", "the run compared")):
+        spec = getattr(args, dest, None)
+        if isinstance(spec, str) and spec:
+            parts = [x.strip() for x in spec.split(",") if x.strip()] if dest != "baseline" else [spec]
+            for part in parts:
+                out.append((what, part))
+                out.append((what, os.path.join(part, "evidence.json")))
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir:
+        from diag.runner import RUN_FILES
+
+        for name in RUN_FILES:
+            if "*" not in name:
+                out.append(("a file diag writes in --run-dir", os.path.join(run_dir, name)))
+        out.append(("a file diag writes in --run-dir", os.path.join(run_dir, "events.rank0.jsonl")))
+    return out
+
+
+def same_file(a: str, b: str) -> bool:
+    """The same file: one inode (hard links, symlinks), or the same resolved path."""
+    import os
+
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:
+        return False
 
 
 def run(args) -> int:
