@@ -45,7 +45,7 @@ from diag.timeline import device_phases as _device_phases
 from diag.timeline import summarize as _summarize
 from diag.units import fmt_bytes, fmt_count, fmt_flops, fmt_hours, fmt_pct, fmt_sci, fmt_seconds
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 __all__ = [
     "API_VERSION", "check", "Check", "Context", "Precondition", "Finding", "Severity", "Location",
@@ -394,8 +394,9 @@ class Check:
 # stable within an API major version, but more specialised than the names above.
 
 from diag.cost.formulas import DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, TYPICAL_MFU  # noqa: E402
-from diag.gpu.series import (dev_name, gpu_section, has_devices, label, mean, no_gpu_reason,  # noqa: E402
-                             percentile, run_devices, training_window, window_values)
+from diag.gpu.series import (NVML_PERIOD_S, dev_name, gpu_section, has_devices, label, mean,  # noqa: E402
+                             no_gpu_reason, percentile, run_devices, steady_values, steady_windows,
+                             training_window, window_values)
 from diag.memory.breakdown import expandable_segments_enabled, fragmentation  # noqa: E402
 from diag.memory.oom import parse_oom  # noqa: E402
 from diag.memory.plan import accumulation_plan, accumulation_snippet  # noqa: E402
@@ -403,6 +404,7 @@ from diag.memory.plan import accumulation_plan, accumulation_snippet  # noqa: E4
 __all__ += [
     "DEFAULT_MFU_LLM", "DEFAULT_MFU_OTHER", "TYPICAL_MFU", "dev_name", "gpu_section", "has_devices", "label",
     "mean", "no_gpu_reason", "percentile", "run_devices", "training_window", "window_values",
+    "NVML_PERIOD_S", "steady_windows", "steady_values",
     "expandable_segments_enabled", "fragmentation", "parse_oom", "accumulation_plan", "accumulation_snippet",
 ]
 
@@ -437,3 +439,30 @@ def device_phases(r: RankEvidence, skip_warmup: int = 1) -> "dict | None":
 
 
 __all__ += ["DataWait", "TimelineSummary", "data_wait", "gpu_timeline", "device_busy", "device_phases"]
+
+
+# ---- the knob catalogue (diag/knobs.py): fixes that are settings, in each framework's words ----------
+
+from diag.knobs import FRAMEWORK_NAMES, KNOBS  # noqa: E402
+from diag.knobs import words as _knob_words  # noqa: E402
+
+
+def knob_words(knob_id: str, framework: "str | None" = None, **values: Any) -> "tuple[str, str | None, bool]":
+    """``(fix, snippet, lever)``: how a user of ``framework`` (``"transformers"``, ``"lightning"``,
+    ``"accelerate"``; None for plain PyTorch) turns the knob ``knob_id`` (``amp.bf16``,
+    ``dataloader.workers``, ...), templates filled from ``values`` (``n=4``). ``lever`` is False when
+    the framework has no setting for it."""
+    return _knob_words(knob_id, framework, **values)
+
+
+def run_framework(ev: Evidence) -> "str | None":
+    """The framework that drove the training loop (``transformers``, ``lightning``, ``accelerate``),
+    as any rank recorded it; None for a plain PyTorch loop."""
+    for r in ev.ranks:
+        fw = getattr(r, "framework", None)
+        if fw is not None and fw.name:
+            return fw.name
+    return None
+
+
+__all__ += ["KNOBS", "FRAMEWORK_NAMES", "knob_words", "run_framework"]

@@ -6,15 +6,17 @@ Findings built on simulated values say "(simulated GPUs)".
 """
 from __future__ import annotations
 
-from diag.checks.api import (check, dev_name, gpu_section, has_devices, label, mean, no_gpu_reason,
-    percentile, run_devices, Severity, training_window, window_values)
+from diag.checks.api import (NVML_PERIOD_S, check, data_wait, dev_name, gpu_section, gpu_timeline, has_devices,
+    knob_words, label, mean, no_gpu_reason, percentile, run_devices, run_framework, Severity, steady_values,
+    steady_windows, training_models, training_sites, training_window, window_values)
 
-from ._util import TUNING_GUIDE, gib, loc, pct
+from ._util import TUNING_GUIDE, gib, loc, ms, pct
 
 # gpu.low-utilization (torch-tb-profiler flags GPU utilisation < 50%; SageMaker Debugger p95 < 70%)
 LOW_UTIL_WARN = 50.0
 LOW_UTIL_ERROR = 25.0
-MIN_SAMPLES = 3
+MIN_SAMPLES = 10                # samples inside the steady steps below which the check says skipped
+DEVICE_IDLE_WARN = 0.30         # CUDA events saw the GPU idle less than this (gpu.idle's warning): "busy"
 DATA_WAIT_SHARE = 0.10          # the data wait that explains low utilisation (TraceML warns at 10%)
 # gpu.imbalance
 IMBALANCE_POINTS = 25.0         # busiest minus lagging device, in utilisation points ...
@@ -62,14 +64,48 @@ def _alive(devs: list[dict]) -> list[dict]:
 
 # ---- gpu.low-utilization ---------------------------------------------------------------------------
 
+def _compiled(r) -> bool:
+    comp = (r.extras or {}).get("compile") or {}
+    return bool(any("compiled" in (m.wrappers or []) for m in r.models) or comp.get("calls") or comp.get("models"))
+
+
+def _launch_fix(ev, r, fw) -> tuple[str, str]:
+    """More work per launch, fewer launches: the levers of a step that leaves gaps between kernels.
+    A model that is already compiled is not told to compile."""
+    parts = ["give each launch more work: a larger batch (with gradient accumulation if memory is short)"]
+    snippet = None
+    half = {s.autocast for s in training_sites(r) if s.autocast} | {
+        d for m in training_models(r) for d in (m.dtypes or []) if d in ("float16", "bfloat16")}
+    if not half and any(m for m in training_models(r)):
+        amp_fix, amp_snip, _ = knob_words("amp.bf16", fw)
+        parts.append("bf16 mixed precision (" + amp_fix.rstrip(".") + ")")
+        snippet = amp_snip
+    if _compiled(r):
+        parts.append("the model is already compiled: what remains is fewer launches per step, with CUDA graphs "
+                     "(torch.compile's mode=\"reduce-overhead\", if it was compiled without it)")
+    else:
+        cg_fix, cg_snip, _ = knob_words("compile.cuda-graphs", fw)
+        parts.append("fewer launches: torch.compile, with CUDA graphs (" + cg_fix.rstrip(".") + ")")
+        snippet = cg_snip if snippet is None else cg_snip + "\n" + snippet
+    parts.append("and no host-device synchronisation inside the step (see sync.host-device)")
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + ".", snippet or ""
+
+
 @check(id="gpu.low-utilization", title="GPUs underused during training", severity="warning",
-       needs=["gpu.devices.series", "ranks.steps"], tags=["gpu"], docs=TUNING_GUIDE)
+       needs=["gpu.devices.series", "ranks.steps", "ranks.timeline"], tags=["gpu"], docs=TUNING_GUIDE)
 def gpu_low_utilization(ctx):
-    """Mean GPU utilisation (NVML: share of time a kernel ran) over the training steps, on the
-    devices the run used. Warning below 50% (torch-tb-profiler's threshold), error below 25%.
-    When the steps measured a data wait of 10% or more, the finding says so and points at the
-    DataLoader. Skipped without GPUs, without training steps, or with fewer than 3 samples inside
-    the steps (run longer or lower --gpu-interval)."""
+    """Mean GPU utilisation (NVML: share of time a kernel ran) over the steady training steps, on the
+    devices the run used. A sample counts only when the whole period it speaks for (NVML averages
+    over up to 1 s before it) lies inside a stretch of steady steps: start-up, the first step, the
+    FLOP-counted step, evaluation passes and shutdown are left out. Warning below 50%
+    (torch-tb-profiler's threshold), error below 25%. Skipped with fewer than 10 such samples (a run
+    samples at 10 Hz for its first minute, then at --gpu-interval). On CUDA runs with a device
+    timeline, CUDA events judge too: when they saw the GPU busy at the step's marks (idle under
+    30%), NVML alone makes at most a warning, which then says the step leaves gaps between kernels
+    (launch-bound) instead of blaming data. The cause is related to the measured data wait (>= 10%
+    of the step) or Python work between steps; the fix speaks the framework's knobs, and a compiled
+    model is not told to compile."""
     ev = ctx.evidence
     gpu = gpu_section(ev)
     if not has_devices(gpu):
@@ -92,76 +128,112 @@ def gpu_low_utilization(ctx):
         )
         return
     devs = [d for d in devs if d.get("series", {}).get("util")]
-    window = training_window(ev, gpu)
-    if window is None:
+    windows = steady_windows(ev, gpu)
+    if not windows:
         yield ctx.skip("No timed training step was observed, so utilisation during training "
-                                  "cannot be judged.")
+                       "cannot be judged.")
         return
     interval = gpu.get("interval_s") or 1.0
-    per = {}
+    burst = gpu.get("burst_interval_s")
+    steady_s = sum(b - a for a, b in windows)
+    sampling = (f"one every {burst:g} s for the first {gpu.get('burst_s') or 0:g} s, then every {interval:g} s"
+                if burst else f"one every {interval:g} s")
+    per, raw = {}, {}
     for d in devs:
-        vals = window_values(d, "util", window, pad=interval)
+        vals, n_raw = steady_values(d, "util", windows)
         if vals:
-            per[d["index"]] = vals
+            per[d["index"]], raw[d["index"]] = vals, n_raw
+    window_txt = (f"{steady_s:.1f} s of steady training steps"
+                  + (f" in {len(windows)} stretches" if len(windows) > 1 else ""))
     if not per:
         na = all(v is None for d in devs for v in (d.get("series", {}).get("util") or []))
         reason = ("NVML gives no utilisation for these GPUs (MIG mode, or not supported by the driver)."
                   if na or not devs else
-                  f"No GPU sample fell inside the {window[1] - window[0]:.1f} s of training steps "
-                  f"(one every {interval:g} s): run longer or lower --gpu-interval.")
-        yield ctx.skip(reason)
+                  f"No GPU sample spoke for the {window_txt} alone ({sampling}; each sample averages the "
+                  f"{NVML_PERIOD_S:g} s before it): run longer (--steps/--max-time).")
+        yield ctx.skip(reason, samples=0, steady_s=round(steady_s, 3))
         return
     n = max(len(v) for v in per.values())
     if n < MIN_SAMPLES:
-        yield ctx.skip(f"Only {n} GPU sample(s) fell inside the {window[1] - window[0]:.1f} s of "
-                                  f"training steps (one every {interval:g} s): too few to judge; run longer "
-                                  "(--steps/--max-time) or sample faster (--gpu-interval 0.25).")
+        yield ctx.skip(f"Only {n} GPU sample(s) spoke for the {window_txt} alone ({sampling}; each sample "
+                       f"averages the {NVML_PERIOD_S:g} s before it): fewer than {MIN_SAMPLES}, too few to "
+                       "judge; run longer (--steps/--max-time) or sample faster (--gpu-interval 0.1).",
+                       samples=n, min_samples=MIN_SAMPLES, steady_s=round(steady_s, 3))
         return
     means = {i: mean(v) for i, v in per.items()}
     overall = mean(means.values())
     all_vals = [x for v in per.values() for x in v]
     p95, p5 = percentile(all_vals, 0.95), percentile(all_vals, 0.05)
-    numbers = {"util_mean": round(overall, 1), "util_p95": round(p95, 1), "util_p5": round(p5, 1),
-               "samples": n, "devices": len(per), "threshold": LOW_UTIL_WARN,
-               "window_s": round(window[1] - window[0], 2), "decided_by": how,
-               "per_device": {str(i): round(m, 1) for i, m in sorted(means.items())}}
-    if overall >= LOW_UTIL_WARN:
-        yield ctx.passed(f"The GPU(s) used by the run were busy {overall:.0f}% of the time during training "
-                     f"(p5 {p5:.0f}%, p95 {p95:.0f}%, {n} samples){lab}.", **numbers, title="GPUs busy during training")
-        return
-    # why? relate to the measured data wait
     r = ev.primary
+    fw = run_framework(ev)
+    tl = gpu_timeline(r)
+    numbers = {"util_mean": round(overall, 1), "util_p95": round(p95, 1), "util_p5": round(p5, 1),
+               "samples": n, "raw_samples": max(raw.values()), "min_samples": MIN_SAMPLES,
+               "devices": len(per), "threshold": LOW_UTIL_WARN,
+               "window_s": round(steady_s, 2), "stretches": len(windows), "nvml_period_s": NVML_PERIOD_S,
+               "interval_s": interval, "burst_interval_s": burst, "decided_by": how,
+               "per_device": {str(i): round(m, 1) for i, m in sorted(means.items())},
+               "clock": "device+nvml" if tl is not None else "nvml", "framework": fw}
+    dev_txt = ""
+    events_busy = False
+    if tl is not None:
+        numbers.update(device_idle_share=round(tl.idle_share, 4), device_step_s=round(tl.step_s, 6),
+                       device_busy_s=round(tl.busy_s / max(tl.steps, 1), 6), device_steps=tl.steps)
+        events_busy = tl.idle_share < DEVICE_IDLE_WARN
+        dev_txt = (f"; CUDA events saw the GPU idle {pct(tl.idle_share)} of the {ms(tl.step_s)} step at its "
+                   f"marks ({tl.steps} steps)")
+    if overall >= LOW_UTIL_WARN:
+        yield ctx.passed(f"The GPU(s) used by the run were busy {overall:.0f}% of the time during the "
+                         f"{window_txt} (p5 {p5:.0f}%, p95 {p95:.0f}%, {n} samples){dev_txt}{lab}.",
+                         **numbers, title="GPUs busy during training")
+        return
+    # why? relate to the measured data wait (on the device clock when there is one)
     steps = r.timed_steps()
     total = sum(s.total_s for s in steps)
-    data_share = (sum(s.data_s for s in steps) / total) if total > 0 else None
+    dw = data_wait(r)
+    data_share = dw.share
     other_share = (sum(s.other_s for s in steps) / total) if total > 0 else None
     if data_share is not None:
         numbers["data_wait_share"] = round(data_share, 4)
+        numbers["data_wait_clock"] = dw.clock
     where = _names([d for d in devs if d["index"] in per])
     msg = (f"{where} {'was' if len(per) == 1 else 'were'} busy only {overall:.0f}% of the time during the "
-           f"{window[1] - window[0]:.1f} s of training steps (p95 {p95:.0f}%, {n} samples){lab}")
-    if data_share is not None and data_share >= DATA_WAIT_SHARE:
-        msg += f"; the training loop waited for data {pct(data_share)} of each step, which accounts for much of the idle time."
-        fix = ("Feed the GPU faster: more DataLoader workers, pin_memory=True, persistent_workers=True "
-               "(see dataloader.workers for the number to use).")
-        snippet = "loader = DataLoader(dataset, batch_size=..., num_workers=8, pin_memory=True,\n" \
-                  "                    persistent_workers=True, prefetch_factor=4)"
+           f"{window_txt} (NVML, p95 {p95:.0f}%, {n} samples){dev_txt}{lab}")
+    cause = "launch"
+    if events_busy:
+        msg += (": the GPU had work queued at every mark, yet ran no kernel much of the time, so the gaps "
+                "are between kernels inside the phases (a step bound by launching many small kernels from "
+                "the CPU), not a data or host wait")
+    elif data_share is not None and data_share >= DATA_WAIT_SHARE:
+        cause = "data"
+        msg += (f"; the training loop waited for data {pct(data_share)} of each step"
+                + (" (GPU idle, device clock)" if dw.clock == "device" else "")
+                + ", which accounts for much of the idle time")
     elif other_share is not None and other_share >= 0.2:
-        msg += f"; {pct(other_share)} of each step was spent outside forward/backward/optimizer (Python work between steps)."
-        fix = ("Move per-step Python work (logging, metrics, .item() calls, hand-made batching) off the hot "
-               "path or do it every N steps; then give the GPU more work per step.")
-        snippet = "if step % 50 == 0:\n    print(loss.item())   # a .item() every step makes the CPU wait for the GPU"
+        cause = "host"
+        msg += f"; {pct(other_share)} of each step was spent outside forward/backward/optimizer (Python work between steps)"
     else:
-        msg += "; the steps did not wait for data, so each step gives the GPU too little work or waits on the CPU."
-        fix = ("Give the GPU more work per launch: a larger batch (with gradient accumulation if memory is "
-               "short), bf16 autocast, torch.compile or CUDA graphs to cut kernel-launch overhead, and "
-               "avoid host-device synchronisations (.item(), .cpu(), printing tensors) inside the step.")
-        snippet = "model = torch.compile(model)\nwith torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
+        msg += "; the steps did not wait for data, so each step gives the GPU too little work or waits on the CPU"
+    if cause == "data":
+        fix, snippet, _ = knob_words("dataloader.workers", fw, n=8, batch_size="...")
+        fix = "Feed the GPU faster: " + fix[0].lower() + fix[1:] + " (see dataloader.workers for the number to use)."
+    elif cause == "host":
+        fix, snippet, _ = knob_words("log.interval", fw, n=50)
+        fix = ("Move per-step Python work (logging, metrics, .item() calls, hand-made batching) off the hot "
+               "path or do it every N steps. " + fix)
+    else:
+        fix, snippet = _launch_fix(ev, r, fw)
+    numbers["cause"] = cause
     sev = Severity.ERROR if overall < LOW_UTIL_ERROR else Severity.WARNING
-    yield ctx.finding(severity=sev, message=msg, evidence=numbers,
-                  why="Time the GPU sits idle is paid for and lost: at this utilisation the same run on a "
-                      f"fully busy GPU would take about {overall / 100:.0%} of the time.",
-                  fix=fix, snippet=snippet)
+    if events_busy and sev is Severity.ERROR:
+        sev = Severity.WARNING      # NVML alone never makes an error when the device clock saw it busy
+        numbers["capped_by_device_clock"] = True
+    yield ctx.finding(severity=sev, message=msg + ".", evidence=numbers,
+                      why="Time the GPU sits idle is paid for and lost. NVML counts the time at least one kernel "
+                          "ran, not how much of the GPU it filled: a step that kept the GPU fully busy could take "
+                          f"as little as {overall / 100:.0%} of the time (a bound, not a prediction: "
+                          "measure a change before relying on it).",
+                      fix=fix, snippet=snippet)
 
 
 # ---- gpu.imbalance ----------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ class GpuTelemetry(Section):
     scenario: str | None = None         # the simulation's name
     reason: str | None = None           # why there are no devices
     interval_s: float | None = None     # sampling interval
+    burst_interval_s: float | None = None  # the faster interval of the run's first burst_s seconds (null: none)
+    burst_s: float | None = None        # how long the run was sampled at burst_interval_s, from the first sample
     t0: float | None = None             # unix time of the first sample (series "t" are seconds after it) [unix time (s)]
     samples: int | None = None          # rounds taken
     sample_ms_mean: float | None = None  # mean cost of a round

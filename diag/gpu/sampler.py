@@ -26,6 +26,12 @@ from diag.gpu.provider import (
 
 MIN_INTERVAL_S = 0.1
 DEFAULT_INTERVAL_S = 1.0
+# A script run samples the devices faster at first (gpu.low-utilization needs enough samples inside the
+# steady steps of a short run: at 1 s a 5-s run gave 3, straddling start-up and shutdown): every
+# BURST_INTERVAL_S for the first BURST_S seconds, then the configured interval. The extra samples read
+# the devices only (no process tree, no host), go to the Evidence series, not to the live panes.
+BURST_INTERVAL_S = 0.1
+BURST_S = 60.0
 DEFAULT_HISTORY = 300           # live ring buffer per device (5 minutes at 1 s)
 EVIDENCE_POINTS = 240           # whole-run series per device in Evidence; halves resolution when full
 MAX_PROCESSES_KEPT = 64
@@ -188,7 +194,8 @@ class _DeviceStats:
         self.throttle_samples = 0       # samples where reasons were readable
         self.throttle_counts: dict[str, int] = {}
 
-    def add(self, s: DeviceSample, t_rel: float, run_mem: int | None) -> None:
+    def add(self, s: DeviceSample, t_rel: float, run_mem: int | None, weight: float = 1.0) -> None:
+        """``weight``: the share of a regular interval the sample stands for (a burst sample less)."""
         self.samples += 1
         if s.lost:
             self.lost_samples += 1
@@ -198,8 +205,8 @@ class _DeviceStats:
             return
         if not is_na(s.gpu_util):
             u = float(s.gpu_util)
-            self.util_n += 1
-            self.util_sum += u
+            self.util_n += weight
+            self.util_sum += u * weight
             self.util_min = u if self.util_min is None else min(self.util_min, u)
             self.util_max = u if self.util_max is None else max(self.util_max, u)
         if not is_na(s.memory_used):
@@ -211,8 +218,8 @@ class _DeviceStats:
         if not is_na(s.temperature):
             self.temp_max = s.temperature if self.temp_max is None else max(self.temp_max, s.temperature)
         if not is_na(s.power_w):
-            self.power_n += 1
-            self.power_sum += s.power_w
+            self.power_n += weight
+            self.power_sum += s.power_w * weight
             self.power_max = s.power_w if self.power_max is None else max(self.power_max, s.power_w)
         if not is_na(s.sm_clock_mhz):
             self.sm_max = s.sm_clock_mhz if self.sm_max is None else max(self.sm_max, s.sm_clock_mhz)
@@ -336,8 +343,30 @@ class Sampler:
         self.errors = 0
         self.last_error: str | None = None
         self.listener_errors = 0
+        self.burst_interval: float | None = None   # faster sampling at first (see burst())
+        self.burst_s = 0.0
+        self._started_at: float | None = None      # self._clock() when the loop started
+        self._last_live: float | None = None       # t_rel of the last sample given to the live views
 
     # ---- control ----
+    def burst(self, interval: float = BURST_INTERVAL_S, seconds: float = BURST_S) -> "Sampler":
+        """Sample every ``interval`` seconds for the first ``seconds`` after start(), then every
+        ``self.interval``. Only the samples at the configured interval reach the live views
+        (history rings, listeners) and read the processes and the host; the others record device
+        values into the Evidence series. No effect when ``interval`` is not shorter than the
+        configured one."""
+        interval = check_interval(interval)
+        if interval < self.interval and seconds > 0:
+            self.burst_interval, self.burst_s = interval, float(seconds)
+        return self
+
+    def interval_now(self, now: float | None = None) -> float:
+        """The interval to wait before the next sample: the burst interval during the burst."""
+        if self.burst_interval is None:
+            return self.interval
+        now = self._clock() if now is None else now
+        start = self._started_at if self._started_at is not None else now
+        return self.burst_interval if now - start < self.burst_s else self.interval
     def track(self, pid: int | None) -> "Sampler":
         """Measure the process tree rooted at ``pid`` (the run) from now on."""
         with self._lock:
@@ -423,26 +452,37 @@ class Sampler:
     # ---- sampling ----
     def _loop(self) -> None:
         next_t = self._clock()
+        if self._started_at is None:
+            self._started_at = next_t
         while not self._stop.is_set():
             try:
                 self.sample_once()
             except Exception as e:   # never take the thread down; count and go on
                 self.errors += 1
                 self.last_error = f"{type(e).__name__}: {e}"
-            next_t += self.interval
+            next_t += self.interval_now(next_t)
             now = self._clock()
             if next_t < now:          # a slow round: do not try to catch up
                 next_t = now
             if self._stop.wait(max(0.0, next_t - now)):
                 break
 
+    def _live_due(self, t: float) -> bool:
+        """Is a sample at unix time ``t`` one for the live views (always, outside a burst)?"""
+        if self.burst_interval is None or self.t0 is None or self._last_live is None:
+            return True
+        return t - self.t0 - self._last_live >= self.interval - self.burst_interval / 2
+
     def sample_once(self) -> Snapshot:
-        """Take one sample now (also used by the thread), record it, notify listeners."""
+        """Take one sample now (also used by the thread), record it, notify listeners. During a
+        burst (:meth:`burst`), a sample between two live ones reads the devices only."""
         t_start = time.perf_counter()
         statics = self.devices()
         samples = self.provider.sample()
+        t_snap = samples[0].t if samples else time.time()
+        live = self._live_due(t_snap)
         procs: list[GpuProcess] | None = None
-        if self.want_processes:
+        if self.want_processes and live:
             try:
                 procs = self.provider.processes()
                 ok = True
@@ -450,10 +490,10 @@ class Sampler:
                 procs, ok = None, False
             with self._lock:
                 self._process_query_ok = ok if self._process_query_ok is None else (self._process_query_ok or ok)
-        host = self._host_fn() if self._host_fn else None
+        host = self._host_fn() if self._host_fn and live else None
         with self._lock:
             tree = self._tree
-        run = tree.measure() if tree is not None else None
+        run = tree.measure() if tree is not None and live else None
         if run is not None and procs is not None:
             mine = set(run.pids)
             gm: dict[int, int] = {}
@@ -464,9 +504,10 @@ class Sampler:
                            gpu_memory=gm)
         duration = time.perf_counter() - t_start
         # the providers' own time (an injected clock for simulated GPUs), else now
-        t_snap = samples[0].t if samples else time.time()
         snap = Snapshot(t=t_snap, devices=samples, processes=procs, host=host, run=run, duration_s=duration)
-        self._record(snap, statics)
+        self._record(snap, statics, live)
+        if not live:
+            return snap
         with self._lock:
             listeners = list(self._listeners)
         for cb in listeners:
@@ -476,20 +517,27 @@ class Sampler:
                 self.listener_errors += 1
         return snap
 
-    def _record(self, snap: Snapshot, statics: list[DeviceStatic]) -> None:
+    def _record(self, snap: Snapshot, statics: list[DeviceStatic], live: bool = True) -> None:
         with self._lock:
-            self._latest = snap
+            if live or self._latest is None:
+                self._latest = snap
             self.samples += 1
             self.sample_time_s += snap.duration_s
             if self.t0 is None:
                 self.t0 = snap.t
             t_rel = snap.t - self.t0
+            if live:
+                self._last_live = t_rel
+            # a burst sample stands for a burst interval: the means over the run stay time-weighted
+            weight = (self.burst_interval / self.interval
+                      if self.burst_interval is not None and t_rel < self.burst_s else 1.0)
             run_pids = set(snap.run.pids) if snap.run else set()
             for s in snap.devices:
                 ring = self._rings.get(s.index)
                 if ring is None:
                     ring = self._rings[s.index] = collections.deque(maxlen=self.history_len)
-                ring.append(s)
+                if live:
+                    ring.append(s)
                 series = self._series.get(s.index)
                 if series is None:
                     series = self._series[s.index] = BoundedSeries(DEVICE_COLUMNS, self.evidence_points,
@@ -506,7 +554,7 @@ class Sampler:
                     "throttle": None if is_na(s.throttle) else throttle_mask(s.throttle),
                     "run_mem": run_mem,
                 })
-                self._stats[s.index].add(s, t_rel, run_mem)
+                self._stats[s.index].add(s, t_rel, run_mem, weight)
             if snap.host is not None:
                 self._host_ring.append(snap.host)
                 self._last_host = snap.host
@@ -615,6 +663,8 @@ class Sampler:
                 "reason": reason if not statics else None,
                 "pending": not known,            # no sample taken yet
                 "interval_s": self.interval,
+                "burst_interval_s": self.burst_interval,
+                "burst_s": self.burst_s if self.burst_interval is not None else None,
                 "t0": self.t0,
                 "samples": self.samples,
                 "sample_ms_mean": None if not self.samples else round(1000 * self.sample_time_s / self.samples, 3),
@@ -690,6 +740,7 @@ def attach_to_run(run) -> Sampler:
     if simulate is None:
         simulate = scenario_from_env(env)
     sampler = build_run_sampler(simulate or "", getattr(cfg, "gpu_interval", DEFAULT_INTERVAL_S), env)
+    sampler.burst()       # enough samples inside the steady steps of a short run (gpu.low-utilization)
     prov = sampler.provider
     if getattr(prov, "simulated", False):
         run.evidence.run.simulated_gpus = prov.scenario

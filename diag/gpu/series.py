@@ -78,6 +78,65 @@ def training_window(ev, gpu: dict) -> tuple[float, float] | None:
     return min(starts), max(ends)
 
 
+# NVML's utilisation is "the percent of time over the past sample period during which one or more
+# kernels was executing", a period "between 1 second and 1/6 second depending on the product": a
+# sample taken at t speaks for (t - period, t]. The longer period is assumed, so that no sample counted
+# for the steady steps reaches back into start-up, FLOP counting or an evaluation pass.
+NVML_PERIOD_S = 1.0
+STEP_GAP_S = 0.005      # steps closer than this are one stretch (the step model's steps are contiguous)
+
+
+def steady_windows(ev, gpu: dict) -> list[tuple[float, float]]:
+    """The stretches of steady training steps on the sampler's clock (seconds since ``gpu["t0"]``):
+    the timed steps of every rank (the first step, steps slowed by FLOP counting and steps not kept
+    left out), adjacent steps merged; evaluation passes, start-up and shutdown fall between or
+    outside them. Empty without steps or without a time base."""
+    t0 = gpu.get("t0")
+    if t0 is None:
+        return []
+    spans = []
+    for r in getattr(ev, "ranks", []) or []:
+        if r.started_at is None:
+            continue
+        for s in r.timed_steps():
+            if s.total_s <= 0:
+                continue
+            end = r.started_at + s.t - t0
+            spans.append((end - s.total_s, end))
+    spans.sort()
+    out: list[list[float]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1] + STEP_GAP_S:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def steady_values(device: dict, column: str, windows: list[tuple[float, float]],
+                  period: float = NVML_PERIOD_S) -> tuple[list[float], int]:
+    """``(values, raw samples)`` of ``column`` whose whole span lies inside one steady stretch: a
+    point at t speaks for (t - period, t], widened by half the spacing of its neighbours when it
+    merges several raw samples (``stride`` > 1). NA dropped."""
+    s = device.get("series") or {}
+    ts = s.get("t") or []
+    vs = s.get(column) or []
+    stride = int(device.get("stride") or 1)
+    out, raw = [], 0
+    for i, (t, v) in enumerate(zip(ts, vs)):
+        if v is None or t is None:
+            continue
+        half = 0.0
+        if stride > 1:
+            nb = [abs(ts[j] - t) for j in (i - 1, i + 1) if 0 <= j < len(ts) and ts[j] is not None]
+            half = (min(nb) / 2) if nb else 0.0
+        lo, hi = t - half - period, t + half
+        if any(a <= lo and hi <= b for a, b in windows):
+            out.append(v)
+            raw += stride
+    return out, raw
+
+
 def window_values(device: dict, column: str, window: tuple[float, float] | None,
                   pad: float = 0.0) -> list[float]:
     """The recorded values of ``column`` inside the window (all when window is None), NA dropped.

@@ -1,0 +1,413 @@
+"""The knob catalogue: every fix that is a setting, once, in the words of each framework.
+
+A *knob* is a setting that changes how a run performs without changing what it computes (bf16
+autocast, TF32, DataLoader workers, pin_memory, torch.compile, a fused optimizer, the evaluation
+batch, ...). For each knob the table says when it applies, how a trial would apply it from outside
+the script (what ``diag try`` will do), and how the user writes it in plain PyTorch, under the Hugging
+Face ``Trainer`` (``TrainingArguments``), Lightning (``Trainer(...)``, the ``*_dataloader`` hooks) and
+Accelerate (``Accelerator(...)``, ``accelerate config``).
+
+Checks word their fixes from it (through :func:`diag.checks.api.knob_words`), according to the
+framework the evidence says drove the loop (``RankEvidence.framework``). docs/checks.md shows the
+table (``diag checks --format markdown``). Pure data and string formatting: no torch, no I/O.
+
+A spelling's ``fix`` and ``snippet`` are ``str.format`` templates; the values a check passes (``n``,
+``mode``...) fill them, and a missing value is shown as ``N``. A framework whose spelling is
+``NO_LEVER`` has no setting for the knob: the check says so (the fix is the framework's code, or the
+plain-PyTorch call where that still reaches the run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FRAMEWORKS = ("torch", "transformers", "lightning", "accelerate")
+FRAMEWORK_NAMES = {"torch": "plain PyTorch", "transformers": "the Hugging Face Trainer",
+                   "lightning": "Lightning's Trainer", "accelerate": "Accelerate"}
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one framework's user turns a knob: one sentence and a snippet (templates)."""
+    fix: str
+    snippet: str | None = None
+    lever: bool = True          # False: the framework offers no setting (the sentence says what to do)
+
+
+def NO_LEVER(why: str, snippet: str | None = None) -> Spelling:     # noqa: N802 (reads as a table cell)
+    return Spelling(why, snippet, lever=False)
+
+
+@dataclass(frozen=True)
+class Knob:
+    id: str                                # stable, dotted: amp.bf16, dataloader.workers
+    title: str
+    applies: str                           # when it applies (what the checks look for)
+    trial: str                             # how a trial applies it from outside the script (diag try)
+    checks: tuple[str, ...]                # the checks whose fix it words
+    words: dict[str, Spelling] = field(default_factory=dict)   # framework -> spelling ("torch" always)
+
+    def spelling(self, framework: str | None) -> Spelling:
+        return self.words.get(framework or "torch") or self.words["torch"]
+
+
+class _Default(dict):
+    def __missing__(self, key):
+        return "N"
+
+
+def _fmt(text: str | None, values: dict) -> str | None:
+    return None if text is None else text.format_map(_Default(values))
+
+
+_KNOBS = [
+    Knob("amp.bf16", "bf16 mixed precision for training",
+         "fp32 training on a GPU with bf16 tensor cores (compute capability >= 8.0)",
+         "autocast to bfloat16 around every training forward and its loss",
+         ("amp.unused", "gpu.low-utilization"), {
+             "torch": Spelling('Run forward and loss under torch.autocast("cuda", dtype=torch.bfloat16) (no '
+                               'GradScaler needed).',
+                               'with torch.autocast("cuda", dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)\n'
+                               'loss.backward()\nopt.step()'),
+             "transformers": Spelling("The Trainer runs autocast when asked: set TrainingArguments(bf16=True).",
+                                      "args = TrainingArguments(..., bf16=True)"),
+             "lightning": Spelling('Lightning runs autocast when asked: construct the Trainer with '
+                                   'precision="bf16-mixed".',
+                                   'trainer = L.Trainer(..., precision="bf16-mixed")'),
+             "accelerate": Spelling('Accelerate autocasts the prepared model when asked: '
+                                    'Accelerator(mixed_precision="bf16") (or answer bf16 in `accelerate config`, or '
+                                    '`accelerate launch --mixed_precision bf16`).',
+                                    'accelerator = Accelerator(mixed_precision="bf16")\n'
+                                    'model, opt, loader = accelerator.prepare(model, opt, loader)'),
+         }),
+    Knob("amp.fp16", "fp16 mixed precision with gradient scaling",
+         "fp32 training on a GPU with fp16 tensor cores but no bf16 (compute capability 7.x)",
+         "autocast to float16 around every training forward, the loss scaled by a GradScaler",
+         ("amp.unused", "amp.fp16-without-scaler"), {
+             "torch": Spelling('Run forward and loss under torch.autocast("cuda", dtype=torch.float16) with a '
+                               'GradScaler.',
+                               'scaler = torch.amp.GradScaler("cuda")\nwith torch.autocast("cuda", dtype=torch.float16):\n'
+                               '    loss = loss_fn(model(x), y)\nscaler.scale(loss).backward()\nscaler.step(opt)\n'
+                               'scaler.update()'),
+             "transformers": Spelling("Set TrainingArguments(fp16=True): the Trainer autocasts and scales the loss.",
+                                      "args = TrainingArguments(..., fp16=True)"),
+             "lightning": Spelling('Construct the Trainer with precision="16-mixed" (it autocasts and scales the '
+                                   'loss).', 'trainer = L.Trainer(..., precision="16-mixed")'),
+             "accelerate": Spelling('Accelerator(mixed_precision="fp16") autocasts and scales the loss in '
+                                    'accelerator.backward(loss).',
+                                    'accelerator = Accelerator(mixed_precision="fp16")\naccelerator.backward(loss)'),
+         }),
+    Knob("matmul.tf32", "TF32 tensor cores for fp32 matmuls",
+         'fp32 matmuls on an Ampere-or-newer GPU with float32_matmul_precision "highest"',
+         'torch.set_float32_matmul_precision("high") before the script runs',
+         ("matmul.tf32",), {
+             "torch": Spelling('Allow TF32 for fp32 matmuls at the start of the script (or train under bf16 '
+                               'autocast, see amp.unused).',
+                               'torch.set_float32_matmul_precision("high")\n'
+                               'torch.backends.cudnn.allow_tf32 = True  # convolutions (default)'),
+             "transformers": Spelling("Set TrainingArguments(tf32=True) (or train in bf16: bf16=True).",
+                                      "args = TrainingArguments(..., tf32=True)"),
+             "lightning": NO_LEVER('Lightning\'s Trainer has no TF32 argument: call '
+                                   'torch.set_float32_matmul_precision("high") at the top of the script (or '
+                                   'train with precision="bf16-mixed").',
+                                   'torch.set_float32_matmul_precision("high")\ntrainer = L.Trainer(...)'),
+             "accelerate": NO_LEVER('Accelerator has no TF32 argument: call torch.set_float32_matmul_precision('
+                                    '"high") at the top of the script (or mixed_precision="bf16").',
+                                    'torch.set_float32_matmul_precision("high")'),
+         }),
+    Knob("eval.bf16", "bf16 for evaluation",
+         "evaluation forwards in fp32 on a GPU with bf16 tensor cores",
+         "autocast to bfloat16 around every evaluation forward",
+         ("eval.amp",), {
+             "torch": Spelling('Wrap the evaluation loop in torch.autocast("cuda", dtype=torch.{dtype}) (no '
+                               'GradScaler: there is no backward).',
+                               'with torch.no_grad(), torch.autocast("cuda", dtype=torch.{dtype}):\n'
+                               '    for x, y in val_loader:\n        out = model(x)'),
+             "transformers": Spelling("Set TrainingArguments(bf16=True): the Trainer's evaluation runs under "
+                                      "autocast too (bf16_full_eval=True instead casts the model to bf16 for "
+                                      "evaluation: faster still, numbers differ slightly).",
+                                      "args = TrainingArguments(..., bf16=True)   # or bf16_full_eval=True"),
+             "lightning": Spelling('Construct the Trainer with precision="bf16-mixed": validation and test run '
+                                   'under autocast too.', 'trainer = L.Trainer(..., precision="bf16-mixed")'),
+             "accelerate": Spelling('Accelerator(mixed_precision="bf16") autocasts every forward of the '
+                                    'prepared model, evaluation included.',
+                                    'accelerator = Accelerator(mixed_precision="bf16")'),
+         }),
+    Knob("dataloader.workers", "DataLoader worker processes",
+         "the training loop waits for batches built in the main process or by too few workers",
+         "num_workers set on the training DataLoader",
+         ("dataloader.workers", "gpu.low-utilization", "gpu.idle"), {
+             "torch": Spelling("Give the DataLoader num_workers={n}.",
+                               "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n})"),
+             "transformers": Spelling("The Trainer builds the DataLoader: set TrainingArguments("
+                                      "dataloader_num_workers={n}).",
+                                      "args = TrainingArguments(..., dataloader_num_workers={n})"),
+             "lightning": Spelling("Lightning iterates the DataLoader your LightningModule / LightningDataModule "
+                                   "returns: build it with num_workers={n} in train_dataloader().",
+                                   "def train_dataloader(self):\n    return DataLoader(self.train_set, "
+                                   "batch_size={batch_size}, num_workers={n})"),
+             "accelerate": Spelling("Accelerate keeps the DataLoader you pass to accelerator.prepare(): build it "
+                                    "with num_workers={n}.",
+                                    "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n})\n"
+                                    "model, opt, loader = accelerator.prepare(model, opt, loader)"),
+         }),
+    Knob("dataloader.pin-memory", "pinned host memory for batches",
+         "CUDA training whose batches are copied from pageable memory",
+         "pin_memory=True on the training DataLoader",
+         ("dataloader.pin-memory", "gpu.idle"), {
+             "torch": Spelling("Build the DataLoader with pin_memory=True and copy with non_blocking=True.",
+                               "loader = DataLoader(dataset, batch_size=..., pin_memory=True)\n"
+                               "x = x.to('cuda', non_blocking=True)"),
+             "transformers": Spelling("Set TrainingArguments(dataloader_pin_memory=True) (the default).",
+                                      "args = TrainingArguments(..., dataloader_pin_memory=True)"),
+             "lightning": Spelling("Return the DataLoader with pin_memory=True from train_dataloader().",
+                                   "return DataLoader(..., pin_memory=True)"),
+             "accelerate": Spelling("Build the DataLoader you pass to accelerator.prepare() with pin_memory=True.",
+                                    "loader = DataLoader(dataset, batch_size=..., pin_memory=True)"),
+         }),
+    Knob("dataloader.persistent-workers", "DataLoader workers kept across epochs",
+         "a DataLoader with workers that restarts them every epoch",
+         "persistent_workers=True on the training DataLoader",
+         ("dataloader.persistent-workers",), {
+             "torch": Spelling("Build the DataLoader with persistent_workers=True.",
+                               "loader = DataLoader(dataset, num_workers=N, persistent_workers=True)"),
+             "transformers": Spelling("Set TrainingArguments(dataloader_persistent_workers=True).",
+                                      "args = TrainingArguments(..., dataloader_persistent_workers=True)"),
+             "lightning": Spelling("Return the DataLoader with persistent_workers=True from train_dataloader().",
+                                   "return DataLoader(..., num_workers=N, persistent_workers=True)"),
+             "accelerate": Spelling("Build the DataLoader you pass to accelerator.prepare() with "
+                                    "persistent_workers=True.",
+                                    "loader = DataLoader(dataset, num_workers=N, persistent_workers=True)"),
+         }),
+    Knob("cudnn.benchmark", "cuDNN auto-tuner",
+         "a model with real convolutions (nn.ConvNd) trained on CUDA with fixed input shapes",
+         "torch.backends.cudnn.benchmark = True before the script runs",
+         ("cudnn.benchmark",), {
+             "torch": Spelling("Enable the auto-tuner before the training loop (results may differ bit-wise "
+                               "between runs; keep it off if you need cudnn.deterministic).",
+                               "torch.backends.cudnn.benchmark = True"),
+             "transformers": NO_LEVER("TrainingArguments has no cuDNN switch: set torch.backends.cudnn.benchmark = "
+                                      "True at the top of the script.", "torch.backends.cudnn.benchmark = True"),
+             "lightning": Spelling("Construct the Trainer with benchmark=True.",
+                                   "trainer = L.Trainer(..., benchmark=True)"),
+             "accelerate": NO_LEVER("Accelerator has no cuDNN switch: set torch.backends.cudnn.benchmark = True at "
+                                    "the top of the script.", "torch.backends.cudnn.benchmark = True"),
+         }),
+    Knob("optim.set-to-none", "gradients set to None instead of zeroed",
+         "zero_grad(set_to_none=False) every step",
+         "zero_grad's set_to_none forced to True",
+         ("optim.zero-grad",), {
+             "torch": Spelling("Call zero_grad() with its default set_to_none=True (or set param.grad = None).",
+                               "optimizer.zero_grad()   # set_to_none=True is the default since PyTorch 2.0"),
+             "transformers": NO_LEVER("The Trainer zeroes the gradients itself (model.zero_grad(), set_to_none by "
+                                      "default); a set_to_none=False comes from a callback or a subclass of yours."),
+             "lightning": Spelling("Lightning calls optimizer.zero_grad() itself: if you override "
+                                   "optimizer_zero_grad, call zero_grad(set_to_none=True) there.",
+                                   "def optimizer_zero_grad(self, epoch, batch_idx, optimizer):\n"
+                                   "    optimizer.zero_grad(set_to_none=True)"),
+             "accelerate": Spelling("Call optimizer.zero_grad() with its default set_to_none=True.",
+                                    "optimizer.zero_grad()"),
+         }),
+    Knob("optim.fused", "fused optimizer kernels",
+         "an optimizer over CUDA parameters on its for-loop (or foreach) implementation where fused exists",
+         "fused=True passed to the optimizer's constructor",
+         ("optim.foreach-fused",), {
+             "torch": Spelling("Construct the optimizer with {better}.",
+                               "opt = torch.optim.{cls}(model.parameters(), lr=..., {better})"),
+             "transformers": Spelling('The Trainer builds the optimizer: set TrainingArguments(optim='
+                                      '"adamw_torch_fused").',
+                                      'args = TrainingArguments(..., optim="adamw_torch_fused")'),
+             "lightning": Spelling("Return the optimizer built with {better} from configure_optimizers().",
+                                   "def configure_optimizers(self):\n"
+                                   "    return torch.optim.{cls}(self.parameters(), lr=..., {better})"),
+             "accelerate": Spelling("Construct the optimizer you pass to accelerator.prepare() with {better}.",
+                                    "opt = torch.optim.{cls}(model.parameters(), lr=..., {better})"),
+         }),
+    Knob("compile", "torch.compile",
+         "an uncompiled model whose forward+backward dominate a long run",
+         "the trained module compiled with torch.compile",
+         ("compile.unused",), {
+             "torch": Spelling("Try model = torch.compile(model) on a long run once the data pipeline keeps up; "
+                               "compare step times after the first (compiling) steps.",
+                               'model = torch.compile(model)   # or model.compile(); mode="max-autotune" for long runs'),
+             "transformers": Spelling("The Trainer compiles the model when asked: set TrainingArguments("
+                                      "torch_compile=True) on a long run once the data pipeline keeps up; compare "
+                                      "step times after the first (compiling) steps.",
+                                      'args = TrainingArguments(..., torch_compile=True)   # torch_compile_mode='
+                                      '"max-autotune" for long runs'),
+             "lightning": Spelling("Compile the LightningModule before handing it to the Trainer: model = "
+                                   "torch.compile(model), then trainer.fit(model, ...).",
+                                   "model = torch.compile(model)\ntrainer.fit(model, train_loader)"),
+             "accelerate": Spelling('Accelerate compiles the prepared model when asked: Accelerator('
+                                    'dynamo_backend="inductor") (or the dynamo questions of `accelerate config`).',
+                                    'accelerator = Accelerator(dynamo_backend="inductor")'),
+         }),
+    Knob("compile.cuda-graphs", "CUDA graphs (fewer kernel launches)",
+         "a launch-bound step: the GPU waits for the CPU to launch many small kernels",
+         'torch.compile(model, mode="reduce-overhead")',
+         ("gpu.low-utilization",), {
+             "torch": Spelling('Capture the step in CUDA graphs: torch.compile(model, mode="reduce-overhead") '
+                               '(static shapes; memory for the graphs).',
+                               'model = torch.compile(model, mode="reduce-overhead")'),
+             "transformers": Spelling('Set TrainingArguments(torch_compile=True, torch_compile_mode='
+                                      '"reduce-overhead").',
+                                      'args = TrainingArguments(..., torch_compile=True, '
+                                      'torch_compile_mode="reduce-overhead")'),
+             "lightning": Spelling('Compile the LightningModule with mode="reduce-overhead" before trainer.fit.',
+                                   'model = torch.compile(model, mode="reduce-overhead")\ntrainer.fit(model, ...)'),
+             "accelerate": Spelling('Pass a TorchDynamoPlugin(backend="inductor", mode="reduce-overhead") to the '
+                                    'Accelerator.',
+                                    'from accelerate.utils import TorchDynamoPlugin\naccelerator = Accelerator('
+                                    'dynamo_plugin=TorchDynamoPlugin(backend="inductor", mode="reduce-overhead"))'),
+         }),
+    Knob("train.accumulation", "gradient accumulation",
+         "a larger effective batch than fits in memory (more work per optimizer step)",
+         "N micro-batches per optimizer step",
+         ("memory.oom", "gpu.low-utilization"), {
+             "torch": Spelling("Accumulate gradients over {n} micro-batches per optimizer step (under DDP, "
+                               "no_sync() on all but the last).",
+                               "for i, (x, y) in enumerate(loader):\n    (loss_fn(model(x), y) / {n}).backward()\n"
+                               "    if (i + 1) % {n} == 0:\n        opt.step(); opt.zero_grad()"),
+             "transformers": Spelling("Set TrainingArguments(gradient_accumulation_steps={n}).",
+                                      "args = TrainingArguments(..., gradient_accumulation_steps={n})"),
+             "lightning": Spelling("Construct the Trainer with accumulate_grad_batches={n}.",
+                                   "trainer = L.Trainer(..., accumulate_grad_batches={n})"),
+             "accelerate": Spelling("Accelerator(gradient_accumulation_steps={n}) and the step under "
+                                    "accelerator.accumulate(model).",
+                                    "accelerator = Accelerator(gradient_accumulation_steps={n})\n"
+                                    "with accelerator.accumulate(model):\n    accelerator.backward(loss); "
+                                    "opt.step(); opt.zero_grad()"),
+         }),
+    Knob("eval.batch", "evaluation batch size",
+         "evaluation in many small batches where a larger one fits",
+         "batch_size of the evaluation DataLoader",
+         ("eval.small-batch", "memory.eval-batch"), {
+             "torch": Spelling("Give the evaluation DataLoader batch_size={n} (or the largest that fits: "
+                               "`diag memory`).", "val_loader = DataLoader(val_set, batch_size={n}, shuffle=False)"),
+             "transformers": Spelling("The Trainer builds the evaluation DataLoader: set TrainingArguments("
+                                      "per_device_eval_batch_size={n}) (or the largest that fits: `diag memory`).",
+                                      "args = TrainingArguments(..., per_device_eval_batch_size={n})"),
+             "lightning": Spelling("Lightning iterates the DataLoader your val_dataloader() / test_dataloader() "
+                                   "returns: build it with batch_size={n} (or the largest that fits: "
+                                   "`diag memory`).",
+                                   "def val_dataloader(self):\n    return DataLoader(self.val_set, batch_size={n}, "
+                                   "shuffle=False)"),
+             "accelerate": Spelling("Build the evaluation DataLoader you pass to accelerator.prepare() with "
+                                    "batch_size={n}.", "val_loader = DataLoader(val_set, batch_size={n})"),
+         }),
+    Knob("eval.inference-mode", "inference_mode for evaluation",
+         "evaluation forwards under no_grad rather than inference_mode",
+         "torch.no_grad in evaluation replaced by torch.inference_mode",
+         ("eval.inference-mode",), {
+             "torch": Spelling("Evaluate under torch.inference_mode() instead of torch.no_grad().",
+                               "with torch.inference_mode():\n    out = model(x)"),
+             "transformers": NO_LEVER("The Trainer's evaluation loop opens its own no_grad (prediction_step) and "
+                                      "has no switch for inference_mode: nothing to change in the script."),
+             "lightning": Spelling("Trainer(inference_mode=True) (the default) runs validate()/test()/predict() "
+                                   "under inference_mode; the validation inside fit() keeps no_grad, with no "
+                                   "switch.", "trainer = L.Trainer(..., inference_mode=True)"),
+             "accelerate": Spelling("Evaluate under torch.inference_mode() instead of torch.no_grad().",
+                                    "with torch.inference_mode():\n    out = model(x)"),
+         }),
+    Knob("log.interval", "logging interval (values read back from the GPU)",
+         "a loss or metric read back from the GPU (.item(), printing a tensor) every step",
+         "none from outside: the logging interval is the script's or the framework's setting",
+         ("sync.host-device", "gpu.idle"), {
+             "torch": Spelling("Keep values on the GPU and read them every N steps: accumulate the loss in a "
+                               "tensor and call .item() every {n} steps.",
+                               'running = torch.zeros((), device="cuda")\nfor step, (x, y) in enumerate(loader):\n'
+                               '    loss = train_step(x, y)\n    running += loss.detach()          # no sync\n'
+                               '    if step % {n} == 0:\n        print(running.item() / {n})     # one sync per {n} '
+                               'steps\n        running.zero_()'),
+             "transformers": Spelling("The Trainer reads the loss back every logging_steps, and checks every step's "
+                                      "loss for NaN/inf on the host (two syncs a step): set TrainingArguments("
+                                      "logging_nan_inf_filter=False) and a larger logging_steps (and leave "
+                                      "include_num_input_tokens_seen off: one .item() a step).",
+                                      "args = TrainingArguments(..., logging_steps={n}, logging_nan_inf_filter=False)"),
+             "lightning": Spelling("Lightning reads logged values back for the logger every log_every_n_steps and "
+                                   "for the progress bar at every refresh: Trainer(log_every_n_steps={n}), a "
+                                   "slower TQDMProgressBar(refresh_rate=...), and self.log(..., prog_bar=False) for "
+                                   "per-step values.",
+                                   "from lightning.pytorch.callbacks import TQDMProgressBar\n"
+                                   "trainer = L.Trainer(..., log_every_n_steps={n}, "
+                                   "callbacks=[TQDMProgressBar(refresh_rate={n})])"),
+             "accelerate": Spelling("Keep values on the GPU and read them every N steps (accelerator.print of a "
+                                    "tensor, .item() and accelerator.gather(...).item() each synchronise).",
+                                    "if step % {n} == 0:\n    accelerator.print(loss.item())"),
+         }),
+    Knob("debug.anomaly", "autograd anomaly detection off",
+         "anomaly detection on during training",
+         "torch.autograd.set_detect_anomaly(False) forced",
+         ("debug.anomaly-detection",), {
+             "torch": Spelling("Remove the call, or enable it only while chasing a NaN (e.g. behind a --debug "
+                               "flag).", "torch.autograd.set_detect_anomaly(args.debug)   # off for real training"),
+             "transformers": NO_LEVER("Remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() from the "
+                                      "script (TrainingArguments has no such switch: it is the script's own call).",
+                                      "torch.autograd.set_detect_anomaly(False)"),
+             "lightning": Spelling("Construct the Trainer with detect_anomaly=False (the default); turn it on only "
+                                   "while chasing a NaN.", "trainer = L.Trainer(..., detect_anomaly=False)"),
+             "accelerate": Spelling("Remove the call, or enable it only while chasing a NaN.",
+                                    "torch.autograd.set_detect_anomaly(False)"),
+         }),
+    Knob("ddp.find-unused", "DDP without find_unused_parameters",
+         "DistributedDataParallel with find_unused_parameters=True while every parameter gets a gradient",
+         "DDP constructed with find_unused_parameters=False",
+         ("ddp.find-unused-parameters",), {
+             "torch": Spelling("Construct DistributedDataParallel with find_unused_parameters=False (the default).",
+                               "model = DDP(model, device_ids=[local_rank])"),
+             "transformers": Spelling("The Trainer wraps the model in DDP: set TrainingArguments("
+                                      "ddp_find_unused_parameters=False) (or leave it unset: the Trainer then "
+                                      "decides from gradient checkpointing).",
+                                      "args = TrainingArguments(..., ddp_find_unused_parameters=False)"),
+             "lightning": Spelling('Use Trainer(strategy="ddp") (find_unused_parameters=False is Lightning\'s '
+                                   'default) instead of strategy="ddp_find_unused_parameters_true" or '
+                                   'DDPStrategy(find_unused_parameters=True).',
+                                   'trainer = L.Trainer(strategy="ddp", ...)'),
+             "accelerate": Spelling("accelerate wraps the model in DDP: pass DistributedDataParallelKwargs("
+                                    "find_unused_parameters=False) to Accelerator(kwargs_handlers=[...]).",
+                                    "from accelerate.utils import DistributedDataParallelKwargs\n"
+                                    "accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+                                    "find_unused_parameters=False)])"),
+         }),
+]
+
+KNOBS: dict[str, Knob] = {k.id: k for k in _KNOBS}
+
+
+def knob(knob_id: str) -> Knob:
+    return KNOBS[knob_id]
+
+
+def words(knob_id: str, framework: str | None = None, **values: Any) -> tuple[str, str | None, bool]:
+    """``(fix, snippet, lever)`` for ``knob_id`` in ``framework``'s words (None or unknown: plain
+    PyTorch), templates filled from ``values``. ``lever`` is False when the framework has no setting
+    for it (the sentence says what to do instead)."""
+    sp = KNOBS[knob_id].spelling(framework if framework in FRAMEWORKS else None)
+    return _fmt(sp.fix, values) or "", _fmt(sp.snippet, values), sp.lever
+
+
+def markdown() -> str:
+    """The table for docs/checks.md: one row per knob, one column per framework (the snippet's
+    first line, as the user writes it)."""
+    def cell(k: Knob, fw: str) -> str:
+        sp = k.words.get(fw)
+        if sp is None:
+            return "as plain PyTorch"
+        code = (sp.snippet or "").splitlines()
+        text = f"`{code[0]}`" if code and sp.lever else ""
+        if not sp.lever:
+            text = "no setting: " + (f"`{code[0]}`" if code else sp.fix)
+        return text.replace("|", "\\|") or sp.fix.replace("|", "\\|")
+
+    lines = ["## Knobs: one fix, four vocabularies", "",
+             "Every fix that is a setting is a knob (`diag/knobs.py`), worded for the framework the run used "
+             "(`RankEvidence.framework`). `N` stands for the number the finding computes.", "",
+             "| knob | when | plain PyTorch | Hugging Face Trainer | Lightning | Accelerate | checks |",
+             "|---|---|---|---|---|---|---|"]
+    for k in _KNOBS:
+        lines.append(f"| `{k.id}` | {k.applies} | " + " | ".join(cell(k, fw) for fw in FRAMEWORKS)
+                     + " | " + ", ".join(f"`{c}`" for c in k.checks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "KNOBS", "Knob", "Spelling", "knob", "words", "markdown"]
