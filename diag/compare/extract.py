@@ -230,12 +230,24 @@ def load(path: str | Path, *, select=(), ignore=()) -> RunSample:
         if (p / "evidence.json").is_file():
             return from_evidence_file(p / "evidence.json", select=select, ignore=ignore)
         raise DiagError(f"{str(p)!r} is a directory with no evidence.json in it")
+    if not p.is_file():
+        raise DiagError(f"{str(p)!r} is not a regular file (a device, a pipe or a socket); give a run "
+                        "directory, an evidence.json or a report from diag check --format json")
+    from diag.evidence.document import MAX_EVIDENCE_BYTES
+
     try:
+        if p.stat().st_size > MAX_EVIDENCE_BYTES:
+            raise DiagError(f"{str(p)!r} is larger than diag reads ({MAX_EVIDENCE_BYTES >> 20} MiB): it was "
+                            "not written by diag")
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
-        raise DiagError(f"cannot read {str(p)!r}: {e}") from None
+        raise DiagError(f"cannot read {str(p)!r}: {getattr(e, 'strerror', None) or e}") from None
     except json.JSONDecodeError as e:
         raise DiagError(f"{str(p)!r} is not valid JSON (line {e.lineno}: {e.msg}); it may be truncated") from None
+    except RecursionError:
+        raise DiagError(f"{str(p)!r} is nested too deeply to be a diag report or evidence file") from None
+    except ValueError as e:    # an integer of thousands of digits
+        raise DiagError(f"{str(p)!r} is not a diag report or evidence file ({e})") from None
     if not isinstance(data, dict):
         raise DiagError(f"{str(p)!r} is neither an evidence file nor a diag JSON report")
     if "ranks" in data and "run" in data:
@@ -264,14 +276,21 @@ def from_evidence(ev, findings, source: str) -> RunSample:
 
 def from_report(data: dict, source: str, *, select=(), ignore=()) -> RunSample:
     block = data.get("compare")
-    findings = [f for f in data.get("findings") or [] if isinstance(f, dict)]
+    raw = data.get("findings")
+    if not isinstance(raw, list):
+        raise DiagError(f"the report {source!r} is malformed: its findings are {type(raw).__name__}, not a list")
+    findings = _clean_findings(raw, source)
+    if block is not None and not isinstance(block, dict):
+        raise DiagError(f"the report {source!r} is malformed: its compare block is {type(block).__name__}, "
+                        "not an object")
     if isinstance(block, dict):
         if not isinstance(block.get("version"), int) or block["version"] > EXPORT_VERSION:
             raise DiagError(f"the report {source!r} was written by a newer diag (compare block version "
                             f"{block.get('version')}); upgrade diag to read it")
         return from_export(block, source, findings)
-    ev_path = (data.get("run") or {}).get("evidence")
-    if ev_path and Path(ev_path).is_file():
+    run = data.get("run")
+    ev_path = run.get("evidence") if isinstance(run, dict) else None
+    if isinstance(ev_path, str) and ev_path and Path(ev_path).is_file():
         from diag.evidence import load_evidence
 
         return from_export(export(load_evidence(ev_path)), source, findings)
@@ -279,13 +298,88 @@ def from_report(data: dict, source: str, *, select=(), ignore=()) -> RunSample:
                     "evidence file is not here; save the baseline with this diag's --format json")
 
 
+# what a compare block's facts may hold: anything else is a malformed (or crafted) report
+_FACT_TYPES = {"script": str, "script_name": str, "launcher": str, "device": str, "torch": str, "cuda": str,
+               "python": str, "hostname": str, "diag_version": str, "status": str, "kind": str,
+               "simulated_gpus": (str, bool), "batch": int, "world_size": int, "cpu_count": int,
+               "torch_num_threads": int, "args": list, "gpu_models": list, "env": dict}
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _malformed(source: str, what: str) -> DiagError:
+    return DiagError(f"{source!r} is malformed: {what}; save the baseline again with diag check --format json")
+
+
+def _clean_facts(facts: Any, source: str) -> dict[str, Any]:
+    if facts is None:
+        return {}
+    if not isinstance(facts, dict):
+        raise _malformed(source, f"its facts are {type(facts).__name__}, not an object")
+    out = {}
+    for k, v in facts.items():
+        want = _FACT_TYPES.get(k)
+        if v is None or want is None:
+            out[k] = v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
+            continue
+        if isinstance(v, bool) and want is int or not isinstance(v, want):
+            raise _malformed(source, f"the fact {k!r} is {type(v).__name__}")
+        if k in ("args", "gpu_models"):
+            v = [str(x) for x in v if isinstance(x, (str, int, float))]
+        elif k == "env":
+            v = {str(a): str(b) for a, b in v.items() if isinstance(b, (str, int, float, bool))}
+        out[k] = v
+    return out
+
+
+def _clean_findings(raw: list, source: str) -> list[dict]:
+    out = []
+    for f in raw:
+        if not isinstance(f, dict) or not isinstance(f.get("id"), str):
+            continue
+        g = {k: (v if v is None or isinstance(v, (str, int, float, bool)) else str(v))
+             for k, v in f.items() if k not in ("location", "evidence")}
+        loc = f.get("location")
+        if isinstance(loc, dict) and isinstance(loc.get("file"), str):
+            line = loc.get("line")
+            g["location"] = {"file": loc["file"], "line": line if isinstance(line, int) and not isinstance(line, bool)
+                             else None, "function": loc.get("function") if isinstance(loc.get("function"), str) else None}
+        out.append(g)
+    return out
+
+
 def from_export(block: dict, source: str, findings: list[dict]) -> RunSample:
+    """A compare block -> RunSample. Every value is checked: per-step values must be finite numbers
+    (a NaN step would make any comparison pass), the columns of equal length, the facts of their types;
+    anything else is one DiagError naming the file."""
+    if not isinstance(block, dict):
+        raise _malformed(source, "its per-step data is not an object")
     try:
         cols = block["steps"]
+        if not isinstance(cols, dict):
+            raise TypeError("steps is not an object")
         n = len(cols["index"])
+        for k, col in cols.items():
+            if not isinstance(col, list) or len(col) != n:
+                raise TypeError(f"the column {k!r} is not a list of {n} values")
         rows = [{k: cols[k][i] for k in cols} for i in range(n)]
     except (KeyError, TypeError, IndexError) as e:
         raise DiagError(f"{source!r}: the per-step data is malformed ({e})") from None
+    for r in rows:
+        if not isinstance(r["index"], int) or isinstance(r["index"], bool):
+            raise _malformed(source, f"a step index is {r['index']!r}, not a whole number")
+        for name in STEP_FIELDS:
+            v = r.get(name)
+            if v is not None and not (_finite(v) and v >= 0):
+                raise _malformed(source, f"step {r['index']} has {name} = {v!r}, not a finite number of seconds")
+        for unit in ("samples", "tokens"):
+            v = r.get(unit)
+            if v is not None and not (_finite(v) and v >= 0):
+                raise _malformed(source, f"step {r['index']} has {unit} = {v!r}")
+    if len({r["index"] for r in rows}) != len(rows):
+        raise _malformed(source, "a step index appears twice")
     rows.sort(key=lambda r: r["index"])
     timed = [r for r in rows if not r.get("instrumented")]
     instrumented = n - len(timed)
@@ -302,10 +396,20 @@ def from_export(block: dict, source: str, findings: list[dict]) -> RunSample:
             if np.isfinite(vals).sum() >= max(1, len(steady) // 2):
                 steps[f"{unit}_per_s"] = np.where(tot > 0, vals / tot, np.nan)
     _device_from_export(block.get("device"), {r["index"] for r in steady}, steps, source)
-    scalars = dict(block.get("scalars") or {})
-    facts = dict(block.get("facts") or {})
+    raw_scalars = block.get("scalars") or {}
+    if not isinstance(raw_scalars, dict):
+        raise _malformed(source, f"its scalars are {type(raw_scalars).__name__}, not an object")
+    scalars = {}
+    for k, v in raw_scalars.items():
+        if v is not None and not _finite(v):
+            raise _malformed(source, f"the value {k!r} is {v!r}, not a finite number")
+        scalars[str(k)] = v
+    facts = _clean_facts(block.get("facts"), source)
+    total = block.get("steps_total")
+    if total is not None and not (isinstance(total, int) and not isinstance(total, bool) and total >= 0):
+        raise _malformed(source, f"steps_total is {total!r}")
     return RunSample(source=source, facts=facts, steps=steps, scalars=scalars, findings=findings,
-                     steps_total=int(block.get("steps_total") or n),
+                     steps_total=int(total or n),
                      excluded={"warmup": warm, "instrumented": instrumented},
                      status=str(facts.get("status") or ""))
 
@@ -321,7 +425,13 @@ def _device_from_export(device: Any, steady_index: set, steps: dict[str, np.ndar
         rows = [{k: cols[k][i] for k in cols} for i in range(n)]
     except (KeyError, TypeError, IndexError) as e:
         raise DiagError(f"{source!r}: the per-step device timeline is malformed ({e})") from None
-    rows = sorted((r for r in rows if r.get("index") in steady_index), key=lambda r: r["index"])
+    for r in rows:
+        for name in DEVICE_FIELDS:
+            v = r.get(name)
+            if v is not None and not _finite(v):
+                raise _malformed(source, f"the device timeline has {name} = {v!r}, not a finite number")
+    rows = sorted((r for r in rows if isinstance(r.get("index"), int) and r["index"] in steady_index),
+                  key=lambda r: r["index"])
     if not rows:
         return
     for name in DEVICE_FIELDS:

@@ -189,6 +189,8 @@ def load_evidence(path: str | os.PathLike) -> Evidence:
         ) from None
     except RecursionError:
         raise DiagError(f"evidence file {name!r} is malformed: it is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:   # an integer of more digits than Python converts (4,300)
+        raise DiagError(f"evidence file {name!r} is malformed: {e}") from None
     _check_shape(data, name)
     return Evidence.from_dict(data, source=name)
 
