@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "tui":     # the TUI restores the terminal on SIGTERM/SIGHUP itself
         _stop_like_ctrl_c()
     try:
+        _cwd_exists()
         return int(args._module.run(args))
     except DiagError as e:
         sys.stderr.write(f"diag: error: {e.message}\n")
@@ -174,6 +175,16 @@ def main(argv: list[str] | None = None) -> int:
             _closed_stdout()
         _quiet_write(f"diag: error: cannot write the report {where}: {e.strerror or e}\n")
         return ExitCode.USAGE
+
+
+def _cwd_exists() -> None:
+    import os
+
+    try:
+        os.getcwd()
+    except OSError:
+        raise DiagError("the current directory no longer exists (it was deleted or moved): "
+                        "cd to an existing directory and run diag again") from None
 
 
 def _quiet_write(text: str) -> None:

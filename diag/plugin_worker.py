@@ -116,6 +116,7 @@ class PluginWorker:
             for fd in (req_r, req_w, resp_r, resp_w):
                 os.close(fd)
             raise WorkerDied(f"the plugin worker could not be started: {e.strerror}") from None
+        supervise.OWN_HELPERS.add(self.proc.pid)
         os.close(req_r)
         os.close(resp_w)
         self._w, self._r = req_w, resp_r
@@ -155,6 +156,7 @@ class PluginWorker:
                 p.wait(timeout=5)
             except Exception:
                 pass
+            supervise.OWN_HELPERS.discard(p.pid)
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None

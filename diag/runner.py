@@ -90,7 +90,9 @@ def validate_script(path: str) -> str:
         raise DiagError(f"script {path!r} has a syntax error at line {e.lineno}: {e.msg}") from None
     except ValueError as e:
         raise DiagError(f"script {path!r} cannot be compiled: {e}") from None
-    return str(p.resolve())
+    # absolute, but not resolved: a symlinked script runs as `python link.py` runs it (its __file__
+    # and argv[0] name the link, so the files beside the link are found)
+    return os.path.abspath(path)
 
 
 def new_run_dir(root: str) -> Path:
@@ -266,6 +268,7 @@ class Run:
                 raise DiskFull(self.run_dir) from None
             raise DiagError(f"cannot write to the run directory {str(self.run_dir)!r}: {e.strerror}") from None
         self._t_start = time.monotonic()
+        self._t_start_wall = time.time()
         supervise.set_subreaper()
         self.guard = supervise.Guard(self.run_id).start()
         main_thread = threading.current_thread() is threading.main_thread()
@@ -328,6 +331,7 @@ class Run:
         self._killed_all = True
         root = p.pid if p.poll() is None else None
         supervise.kill_everything(self.run_id, root, self._known(), exclude=self._own_pids())
+        supervise.kill_orphans(self._t_start_wall, exclude=self._own_pids() + (p.pid,))
         if root is not None:
             try:
                 p.wait(timeout=5)
@@ -482,6 +486,8 @@ class Run:
             pass
         supervise.kill_everything(self.run_id, p.pid if p.poll() is None else None, self._known(),
                                   exclude=self._own_pids())
+        # an orphan of the run re-parented to diag that cleared its environment (a double-forked daemon)
+        supervise.kill_orphans(self._t_start_wall, exclude=self._own_pids() + (p.pid,))
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)

@@ -224,6 +224,43 @@ def _alive(pid: int) -> bool:
             return False
 
 
+# ---- orphans re-parented to diag ---------------------------------------------------------------------
+
+OWN_HELPERS: set[int] = set()   # processes diag started for itself (the guard, the plugin worker)
+
+
+def orphans(since: float, exclude=()) -> list[int]:
+    """diag's children that it did not start: processes of the run orphaned and re-parented to diag
+    (the child subreaper), a double-forked daemon that cleared its environment (no marker) and left
+    the child's tree included. Only those created after ``since`` (the run's start, wall clock), and
+    never ``exclude``, :data:`OWN_HELPERS` or diag's own Popen children passed in ``exclude``."""
+    try:
+        import psutil
+
+        me = psutil.Process()
+        kids = me.children(recursive=False)
+    except Exception:
+        return []
+    skip = set(exclude) | OWN_HELPERS
+    out = []
+    for c in kids:
+        try:
+            if c.pid in skip or c.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if c.create_time() >= since - 1.0:
+                out.append(c.pid)
+        except Exception:
+            continue
+    return out
+
+
+def kill_orphans(since: float, exclude=()) -> None:
+    """Kill every orphan of the run (:func:`orphans`) and whatever each started."""
+    for pid in orphans(since, exclude):
+        kill_everything(None, pid, {}, exclude=tuple(exclude), rounds=2)
+        _reap(pid)
+
+
 # ---- the guard ---------------------------------------------------------------------------------------
 
 _GUARD = r"""
@@ -275,6 +312,7 @@ class Guard:
             self.proc = None
         else:
             self._w = w
+            OWN_HELPERS.add(self.proc.pid)
         finally:
             os.close(r)
         return self
@@ -293,4 +331,5 @@ class Guard:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            OWN_HELPERS.discard(self.proc.pid)
             self.proc = None
