@@ -74,3 +74,73 @@ def short_file(d: dict | None) -> str:
 def size(n: float | None) -> str:
     """Bytes for people: 512 B, 12.0 KiB, 3.4 MiB, 1.25 GiB."""
     return fmt_bytes(n, style="precise")
+
+
+# ---- what a predicted speed-up rests on (issue 31) ---------------------------------------------------
+# A precision change speeds up the matmuls (the ops FlopCounterMode counts: mm, addmm, bmm,
+# convolution, attention) by at most the catalogue's peak ratio for the device. The share of the step
+# they take is bounded below by the counted FLOPs at the fp32 peak (a matmul cannot run faster than
+# the peak) and above by forward+backward. Below LAUNCH_BOUND_SHARE the step's time is mostly not matmul
+# work (kernel launches, memory-bound ops, the host): the gain cannot be predicted, only measured.
+LAUNCH_BOUND_SHARE = 0.15
+GUIDE_AMP_SPEEDUP = 3.0     # the tuning guide's "up to 3x": used only when the catalogue has no peak
+
+
+def precision_gain(ev, r, dev, to: str, label: str) -> dict:
+    """The range of whole-step speed-ups from running fp32 matmuls in ``to`` (bf16, fp16, tf32) on
+    ``dev``, with its basis: ``{low, high, share_low, share_high, clock, peak_ratio, ratio_basis,
+    predictable, launch_bound, step_s}`` (None where unknown). ``label``: "bf16", "TF32" for the text."""
+    from diag.checks.api import device_phases, flops_summary, peak_flops
+
+    name = dev.name if dev is not None else None
+    gpu, p32, _ = peak_flops(name, "fp32")
+    _, pto, _ = peak_flops(name, to)
+    if p32 and pto:
+        ratio, ratio_basis = pto / p32, f"the catalogue's {label}/fp32 dense peak ratio on {gpu}"
+    else:
+        ratio, ratio_basis = GUIDE_AMP_SPEEDUP, "the tuning guide's \"up to 3x\" (the catalogue has no peaks for this GPU)"
+    dph = device_phases(r)
+    if dph and dph["total_s"] > 0:
+        share, clock, step_s = (dph["forward_s"] + dph["backward_s"]) / dph["total_s"], "device", dph["total_s"]
+    else:
+        ph = phase_medians(r)
+        share, clock, step_s = (ph["compute_share"], "host", ph["total_s"]) if ph else (None, None, None)
+    share_low = None
+    judged = flops_summary(r)
+    if judged and p32:
+        measured, summary = judged
+        flops, st = measured.get("flops"), summary.get("step_s") or step_s
+        if flops and st:
+            share_low = flops / p32 / st
+            if share is not None:
+                share_low = min(share_low, share)
+    high = amdahl(share, ratio) if share is not None else None
+    low = amdahl(share_low, ratio) if share_low is not None else None
+    launch = share_low is not None and share_low < LAUNCH_BOUND_SHARE
+    return {"low": round(low, 2) if low else None, "high": round(high, 2) if high else None,
+            "share_low": round(share_low, 4) if share_low is not None else None,
+            "share_high": round(share, 4) if share is not None else None, "clock": clock,
+            "step_s": round(step_s, 6) if step_s else None, "peak_ratio": round(ratio, 2),
+            "ratio_basis": ratio_basis, "launch_bound": launch, "predictable": not launch and high is not None,
+            "label": label}
+
+
+def gain_sentence(g: dict) -> str:
+    """The prediction in words, with its basis; '' without a share to judge."""
+    if g["high"] is None:
+        return ""
+    step = f"{g['step_s'] * 1000:.1f} ms " if g.get("step_s") else ""
+    if g["launch_bound"]:
+        return (f"; the matmul FLOPs counted in one step would take only {g['share_low']:.0%} of the {step}step even "
+                f"at the fp32 peak, so most of it is not matmul work (kernel launches, memory-bound ops, the "
+                f"host): diag cannot predict what {g['label']} gains here; measure it (the same run with and "
+                "without it, compared with `diag compare`)")
+    ratio = f"{g['peak_ratio']:.1f}x ({g['ratio_basis']})"
+    if g["low"] is not None:
+        return (f"; the step could get {g['low']:.1f}x to {g['high']:.1f}x faster: the low end speeds up only the "
+                f"time the counted matmul FLOPs need at the fp32 peak ({g['share_low']:.0%} of the {step}step), "
+                f"the high end all of forward+backward ({g['share_high']:.0%}, {g['clock']} clock), each by "
+                f"{ratio}")
+    return (f"; the step could get at most {g['high']:.1f}x faster, an upper bound: forward+backward take "
+            f"{g['share_high']:.0%} of the {step}step ({g['clock']} clock), all of it sped up by {ratio}; FLOPs were "
+            "not counted, so the matmul share and a low end are unknown: measure it")

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from diag.checks.api import check, cuda_training, Severity
 
-from ._perf import (PERF_MISSING, amdahl, autocast_dtypes, cap_str, capability, cuda_device,
-                    guide, half_param_dtypes, perf_ran, phase_medians, short_file, training_models,
+from ._framework import framework_entry, framework_of, words
+from ._perf import (PERF_MISSING, amdahl, autocast_dtypes, cap_str, capability, cuda_device, gain_sentence,
+                    guide, half_param_dtypes, perf_ran, precision_gain, short_file, training_models,
                     training_sites)
 from ._util import loc, pct
 
@@ -29,11 +30,15 @@ TENSOR_CORES = "this check is about CUDA tensor cores (see amp.availability for 
        requires=[cuda_training(TENSOR_CORES)])
 def amp_unused(ctx):
     """Training forwards run in fp32 (no autocast, fp32 parameters) on a CUDA device whose tensor
-    cores take fp16 (compute capability >= 7.0) or bf16 (>= 8.0). Recommends
-    `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 plus GradScaler before Ampere) and bounds
-    the gain with Amdahl's law: the tuning guide's "up to 3x" applied to the measured
-    forward+backward share of the step. Warning when forward+backward take >= 30% of the step,
-    info below (the step is bound elsewhere first). Skipped on CPU-only runs."""
+    cores take fp16 (compute capability >= 7.0) or bf16 (>= 8.0). Recommends bf16 autocast (fp16
+    plus GradScaler before Ampere) in the words of the framework that ran the loop (plain PyTorch,
+    TrainingArguments(bf16=True), Trainer(precision="bf16-mixed"), Accelerator(mixed_precision=
+    "bf16")). The gain is a range with its basis (Amdahl's law at the catalogue's bf16/fp32 peak
+    ratio): the low end speeds up only the time the counted matmul FLOPs need at the fp32 peak, the
+    high end all of forward+backward (device clock when there is a timeline). When those FLOPs would
+    take under 15% of the step the step is not matmul-bound: the finding says the gain cannot be
+    predicted and is info (measure it). Warning when forward+backward take >= 30% of the step,
+    info below. Skipped on CPU-only runs."""
     ev = ctx.evidence
     r = ev.primary
     models = ctx.models
@@ -54,28 +59,21 @@ def amp_unused(ctx):
         return
     bf16 = cap is None or cap >= (8, 0)
     dtype = "bfloat16" if bf16 else "float16"
-    ph = phase_medians(r)
-    share = ph["compute_share"] if ph else None
+    g = precision_gain(ev, r, dev, "bf16" if bf16 else "fp16", "bf16" if bf16 else "fp16")
+    share = g["share_high"]
+    fw = framework_of(ev)
     numbers = {"device": name, "capability": cap_str(cap), "recommended_dtype": dtype,
-               "forward_backward_share": round(share, 4) if share is not None else None,
-               "step_s": round(ph["total_s"], 6) if ph else None,
-               "max_step_speedup": round(amdahl(share, AMP_MAX_SPEEDUP), 2) if share is not None else None,
-               "forwards": sum(s.count for s in sites)}
+               "forward_backward_share": share, "step_s": g["step_s"],
+               "max_step_speedup": g["high"], "min_step_speedup": g["low"] if g["predictable"] else None,
+               "speedup_basis": g, "forwards": sum(s.count for s in sites), "framework": fw,
+               "knob": "amp.bf16" if bf16 else "amp.fp16"}
     sev = Severity.WARNING if share is None or share >= COMPUTE_WARN_SHARE else Severity.INFO
-    gain = (f"; forward+backward take {pct(share)} of the {ph['total_s'] * 1000:.1f} ms step, so the "
-            f"step could get up to {numbers['max_step_speedup']:.2f}x faster (tuning guide: up to 3x on "
-            "the mixed-precision part)") if share is not None else ""
-    if dtype == "bfloat16":
-        snippet = ('with torch.autocast("cuda", dtype=torch.bfloat16):\n'
-                   "    loss = loss_fn(model(x), y)\nloss.backward()\nopt.step()")
-        how = "Run forward and loss under torch.autocast(\"cuda\", dtype=torch.bfloat16) (no GradScaler needed)."
-    else:
-        snippet = ('scaler = torch.amp.GradScaler("cuda")\n'
-                   'with torch.autocast("cuda", dtype=torch.float16):\n'
-                   "    loss = loss_fn(model(x), y)\nscaler.scale(loss).backward()\n"
-                   "scaler.step(opt)\nscaler.update()")
-        how = ("Run forward and loss under torch.autocast(\"cuda\", dtype=torch.float16) with a GradScaler "
-               f"(this GPU, compute capability {cap_str(cap)}, has no bf16 tensor cores).")
+    if g["launch_bound"]:
+        sev = Severity.INFO          # the gain is not predictable: said, and measured first
+    gain = gain_sentence(g)
+    how, snippet, _ = words(ev, numbers["knob"])
+    if not bf16:
+        how = how.rstrip(".") + f" (this GPU, compute capability {cap_str(cap)}, has no bf16 tensor cores)."
     site = max(sites, key=lambda s: s.count)
     yield ctx.finding(
         severity=sev,
@@ -84,7 +82,7 @@ def amp_unused(ctx):
         evidence=numbers,
         why="Tensor cores run fp16/bf16 matrix multiplies many times faster than fp32, and half-precision "
             "activations halve the memory traffic; autocast keeps precision-sensitive ops in fp32.",
-        fix=how, snippet=snippet, location=loc(site.location),
+        fix=how, snippet=snippet, location=loc(site.location) if not fw else loc(framework_entry(ev) or site.location),
     )
 
 
@@ -202,7 +200,10 @@ def amp_availability(ctx):
 def matmul_tf32(ctx):
     """fp32 training (no autocast) on an Ampere-or-newer GPU (compute capability >= 8.0) with
     `torch.get_float32_matmul_precision() == "highest"` and TF32 matmuls off: matrix multiplies run
-    on the slow fp32 path instead of TF32 tensor cores (7-8x the fp32 peak on A100/H100). Warning when
+    on the slow fp32 path instead of TF32 tensor cores (7-8x the fp32 peak on A100/H100). The gain is
+    a range with its basis, as amp.unused's (at the TF32/fp32 peak ratio); info when it cannot be
+    predicted (matmul FLOPs under 15% of the step). The fix speaks the framework
+    (TrainingArguments(tf32=True); Lightning and Accelerate have no switch: the torch call). Warning when
     forward+backward take >= 30% of the step, info below. Skipped on CPU-only runs."""
     ev = ctx.evidence
     r = ev.primary
@@ -227,26 +228,30 @@ def matmul_tf32(ctx):
     if prec is None:
         yield ctx.skip("The float32 matmul precision was not recorded.")
         return
-    ph = phase_medians(r)
-    share = ph["compute_share"] if ph else None
+    g = precision_gain(ev, r, dev, "tf32", "TF32")
+    if g["ratio_basis"].startswith("the tuning guide"):
+        g["peak_ratio"], g["ratio_basis"] = round(TF32_PEAK_RATIO, 2), "H100 SXM's TF32/fp32 dense peak ratio"
+        if g["share_high"] is not None:
+            g["high"] = round(amdahl(g["share_high"], TF32_PEAK_RATIO), 2)
+    share = g["share_high"]
     sev = Severity.WARNING if share is None or share >= COMPUTE_WARN_SHARE else Severity.INFO
-    bound = round(amdahl(share, TF32_PEAK_RATIO), 2) if share is not None else None
+    if g["launch_bound"]:
+        sev = Severity.INFO
     name = dev.name if dev else "the GPU"
+    fw = framework_of(ev)
+    fix, snippet, _ = words(ev, "matmul.tf32")
     yield ctx.finding(
         severity=sev,
         message=f"fp32 matmuls run at full fp32 precision on {name} (compute capability {cap_str(cap)}, "
-                f"float32_matmul_precision={prec!r})"
-                + (f"; forward+backward take {pct(share)} of the step, so TF32 could make the step up to "
-                   f"{bound:.2f}x faster (an upper bound: not every op is a matmul)" if share is not None else "")
-                + ".",
+                f"float32_matmul_precision={prec!r})" + gain_sentence(g) + ".",
         evidence={"precision": prec, "allow_tf32_matmul": envr.allow_tf32_matmul, "device": name,
-                  "capability": cap_str(cap), "forward_backward_share": round(share, 4) if share else share,
-                  "tf32_to_fp32_peak_ratio": round(TF32_PEAK_RATIO, 2), "max_step_speedup": bound},
+                  "capability": cap_str(cap), "forward_backward_share": share,
+                  "tf32_to_fp32_peak_ratio": g["peak_ratio"], "max_step_speedup": g["high"],
+                  "min_step_speedup": g["low"] if g["predictable"] else None, "speedup_basis": g,
+                  "framework": fw, "knob": "matmul.tf32"},
         why="TF32 keeps fp32's range with a 10-bit mantissa and runs on tensor cores: H100 494.5 vs 67 "
             "TFLOPS dense (A100: 156 vs 19.5). Most training converges the same; check yours.",
-        fix="Allow TF32 for fp32 matmuls at the start of the script (or train under bf16 autocast, "
-            "see amp.unused).",
-        snippet='torch.set_float32_matmul_precision("high")\ntorch.backends.cudnn.allow_tf32 = True  # convolutions (default)',
+        fix=fix, snippet=snippet, location=loc(framework_entry(ev)) if fw else None,
     )
 
 

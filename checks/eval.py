@@ -1,7 +1,7 @@
 """Evaluation checks."""
 from __future__ import annotations
 
-from diag.checks.api import check, cuda_device, fmt_seconds, median, Severity
+from diag.checks.api import check, cuda_device, fmt_seconds, knob_words, median, peak_flops, Severity
 
 from ._perf import amdahl, cap_str, capability, guide, short_file, size
 from ._framework import framework_of, knob
@@ -376,8 +376,11 @@ def eval_amp(ctx):
     """Evaluation forwards run in fp32 (no autocast, fp32 parameters) on a CUDA device whose tensor
     cores take bf16 (compute capability >= 8.0) or fp16 (>= 7.0). Evaluation needs no GradScaler:
     `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 before Ampere) around the loop is the whole
-    change. The gain is bounded with Amdahl's law (the tuning guide's "up to 3x") from the share of
-    the evaluation steps that is not data wait or host-to-device copies (host clock: the device's
+    change (TrainingArguments(bf16=True) or bf16_full_eval=True under the Hugging Face Trainer,
+    Trainer(precision="bf16-mixed") under Lightning). The gain is an upper bound with its basis:
+    Amdahl's law at the catalogue's bf16/fp32 peak ratio (the tuning guide's "up to 3x" for a GPU the
+    catalogue lacks) over the share of the evaluation steps that is not data wait or host-to-device
+    copies (host clock: the device's
     forward time surfaces where the host next waits for it). Warning when that share is >= 30%, info
     below. Skipped when evaluation runs on the CPU."""
     ev = ctx.evidence
@@ -411,22 +414,35 @@ def eval_amp(ctx):
     # where the host next waits for it (a .item(), the next copy), so the share the device may be busy
     # is bounded by everything but the data wait and the copies
     share = ((st.forward_s + st.other_s) / st.total_s) if tp and st.total_s > 0 else None
-    gain = amdahl(share, AMP_MAX_SPEEDUP) if share is not None else None
+    label = "bf16" if bf16 else "fp16"
+    gpu_id, p32, _ = peak_flops(dev.name, "fp32")
+    _, pto, _ = peak_flops(dev.name, label)
+    if p32 and pto:
+        ratio, ratio_basis = pto / p32, f"the catalogue's {label}/fp32 dense peak ratio on {gpu_id}"
+    else:
+        ratio, ratio_basis = AMP_MAX_SPEEDUP, "the tuning guide's \"up to 3x\" (the catalogue has no peaks for this GPU)"
+    gain = amdahl(share, ratio) if share is not None else None
     site = sites[0]
     sev = Severity.WARNING if share is None or share >= FORWARD_WARN_SHARE else Severity.INFO
+    fw = framework_of(ev)
+    fix, snippet, _ = knob_words("eval.bf16", fw, dtype=dtype)
+    if fw is None:
+        fix = f"Run the evaluation loop under torch.autocast(\"cuda\", dtype=torch.{dtype}) inside inference_mode."
+        snippet = (f"with torch.inference_mode(), torch.autocast(\"cuda\", dtype=torch.{dtype}):\n"
+                   "    for x, y in val_loader:\n        out = model(x.cuda(non_blocking=True))")
     yield ctx.finding(
         severity=sev,
         message=f"Evaluation forwards{_where(site)} run in float32 on {dev.name} (compute capability "
                 f"{cap_str(cap)}), whose tensor cores take {dtype}"
                 + (f": forwards and what waits on them are {pct(share)} of the evaluation time (host clock), so "
-                   f"evaluation could run up to {gain:.1f}x faster." if gain else "."),
+                   f"evaluation could run at most {gain:.1f}x faster (an upper bound: all of that time sped up by "
+                   f"{ratio:.1f}x, {ratio_basis}; how much of it is matmul work was not measured: measure it)."
+                   if gain else "."),
         evidence={"device": dev.name, "capability": cap_str(cap), "recommended_dtype": dtype,
                   "forward_share": round(share, 4) if share is not None else None,
-                  "max_speedup": round(gain, 3) if gain else None, "site": site.key},
+                  "max_speedup": round(gain, 3) if gain else None, "peak_ratio": round(ratio, 2),
+                  "speedup_basis": ratio_basis, "site": site.key, "framework": fw, "knob": "eval.bf16"},
         why="Tensor cores run half-precision matrix multiplies several times faster than fp32; evaluation has "
             "no gradients to underflow, so it needs no GradScaler.",
-        fix=f"Run the evaluation loop under torch.autocast(\"cuda\", dtype=torch.{dtype}) inside inference_mode.",
-        snippet=f"with torch.inference_mode(), torch.autocast(\"cuda\", dtype=torch.{dtype}):\n"
-                "    for x, y in val_loader:\n        out = model(x.cuda(non_blocking=True))",
-        location=loc(site.location),
+        fix=fix, snippet=snippet, location=loc(site.location),
     )

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from diag.checks.api import check, cuda_training, Severity
 
+from ._framework import LOOPS, NAMES, framework_entry, framework_of, words
 from ._perf import guide, short_file
 from ._util import loc, ms
 
@@ -20,7 +21,10 @@ def sync_host_device(ctx):
     located in the user's code. Each one stops the CPU from queuing work ahead of the GPU. Warning at
     >= 1 per step on average, info when some happen less often. Skipped without CUDA.
     Not seen by the debug mode: non_blocking copies from pageable memory (see dataloader.pin-memory)
-    and collectives."""
+    and collectives. Syncs inside a framework's loop (located at the script's trainer.train() /
+    trainer.fit() line) name that code path and the framework's lever (the Hugging Face Trainer:
+    logging_nan_inf_filter=False, logging_steps; Lightning: log_every_n_steps, the progress bar's
+    refresh rate), or are info saying there is none."""
     ev = ctx.evidence
     r = ev.primary
     s = r.sync or {}
@@ -47,6 +51,31 @@ def sync_host_device(ctx):
         return
     sev = Severity.WARNING if per_step >= SYNC_WARN_PER_STEP else Severity.INFO
     top = sites[0] if sites else None
+    fw, entry = framework_of(ev), framework_entry(ev)
+    inside = [x for x in sites if fw and entry and x.get("file") == entry.get("file")
+              and x.get("line") == entry.get("line")]
+    n_inside = sum(int(x.get("count", 0) or 0) for x in inside)
+    if inside and n_inside * 2 >= total:
+        # the syncs happened in the framework's own loop, called from the user's trainer.train()/fit() line:
+        # the user's lever is a setting of the framework, or there is none
+        fix, snippet, lever = words(ev, "log.interval", n=100)
+        numbers.update(framework=fw, inside_framework=n_inside, framework_loop=LOOPS.get(fw))
+        if fw == "accelerate" or not lever:
+            sev = Severity.INFO
+            fix = (f"These synchronisations are inside {LOOPS.get(fw, fw)}, not in the script's own lines, and "
+                   f"{NAMES.get(fw, fw)} has no setting that removes them: nothing to change in the script.")
+            snippet = None
+        yield ctx.finding(
+            severity=sev,
+            message=f"{per_step:.1f} host-device synchronisation(s) per step over {n} sampled steps{step_txt}, "
+                    f"{n_inside / n:.1f} of them inside {LOOPS.get(fw, fw)}, called from {short_file(entry)}"
+                    + (f" `{inside[0].get('code')}`" if inside[0].get("code") else "")
+                    + " (the probe locates a sync at the script's line that called in, not the framework's line).",
+            evidence=numbers,
+            why="A synchronisation makes the CPU wait until the GPU has finished everything queued, so the "
+                "next kernels are launched late and the GPU idles while Python catches up.",
+            fix=fix, snippet=snippet, location=loc(entry))
+        return
     where = "; ".join(f"{short_file(x)} `{x.get('code') or x.get('function')}` x{x.get('count', 0) / n:.1f}/step"
                       for x in sites[:3])
     step_txt = f" ({ms(ph['total_s'])} step)" if ph else ""

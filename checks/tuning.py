@@ -2,7 +2,9 @@
 auto-tuner, zeroing gradients, optimizer implementations, debugging APIs left on, torch.compile."""
 from __future__ import annotations
 
-from diag.checks.api import data_wait, check, cuda_training, Severity
+import re
+
+from diag.checks.api import data_wait, check, cuda_training, knob_words, Severity
 
 from ._perf import (PERF_MISSING, amdahl, guide, perf_ran, phase_medians, short_file, size,
                     training_models, training_sites)
@@ -23,23 +25,56 @@ COMPILE_COST_S = 60.0           # assumed one-off compile time for the break-eve
 DATA_BOUND_SHARE = 0.30
 
 
+# torch's convolution modules by class name (nn.ConvNd, their transposes and lazy forms, the fused
+# intrinsic/QAT ones), beside the probe's isinstance(m, _ConvNd) record in layer_shapes
+_CONV_NAME = re.compile(r"^(Lazy)?Conv(Transpose)?[123]d$|^Conv(Bn)?(ReLU|Add|AddReLU)?[123]d$")
+
+
+def _convolutions(m) -> tuple[dict, dict]:
+    """({class: count} of the model's real convolutions, {class: count} of modules named like one
+    that are not): layer_shapes records a layer of a convolution type only for torch's _ConvNd
+    modules, so transformers' Conv1D (a linear layer, addmm) is not one."""
+    types = m.module_types or {}
+    shapes = m.layer_shapes or []
+    from_shapes: dict[str, int] = {}
+    for lay in shapes:
+        t = lay.get("type") or ""
+        if t not in ("Linear", "Embedding"):
+            from_shapes[t] = from_shapes.get(t, 0) + 1
+    by_name = {k: v for k, v in types.items() if _CONV_NAME.match(k)}
+    # a subclass of nn.Conv2d keeps its own name (recorded through layer_shapes); torch's exact class
+    # names count too (layer_shapes is bounded, and older evidence may lack it)
+    real = {**{k: types.get(k, v) for k, v in from_shapes.items()}, **by_name}
+    other = {k: v for k, v in types.items() if "conv" in k.lower() and k not in real}
+    return real, other
+
+
 @check(id="cudnn.benchmark", title="cuDNN auto-tuner off for a convolutional model", severity="warning",
        needs=["environment.cudnn_benchmark", "ranks.models.module_types", "ranks.extras.input_shapes"],
        tags=["gpu", "tuning"], docs=guide("enable-cudnn-auto-tuner"),
        requires=[cuda_training("cudnn.benchmark only affects cuDNN convolutions on CUDA.")])
 def cudnn_benchmark(ctx):
     """A convolutional model trained on CUDA with fixed input shapes (at most 4 distinct shapes
-    seen) while `torch.backends.cudnn.benchmark` is False: cuDNN uses heuristics instead of timing
+    seen) while `torch.backends.cudnn.benchmark` is False. Convolutions are torch's own
+    (nn.Conv1d/2d/3d, their transposes: the modules the probe recorded as _ConvNd), not modules named
+    Conv (transformers' Conv1D is a linear layer); the evidence names the modules counted and the
+    look-alikes left out. Without the auto-tuner cuDNN uses heuristics instead of timing
     the convolution algorithms once per shape. Warning when forward+backward take >= 30% of the
     step, info below. Passes with varying shapes (the auto-tuner would re-run per shape).
     Skipped without CUDA."""
     ev = ctx.evidence
     r = ev.primary
     models = ctx.models
-    convs = [(m, sum(v for k, v in (m.module_types or {}).items() if "Conv" in k)) for m in models]
-    convs = [(m, n) for m, n in convs if n]
+    counted = [(m,) + _convolutions(m) for m in models]
+    convs = [(m, sum(c.values()), c) for m, c, _ in counted if c]
+    lookalikes = {k: v for _, _, other in counted for k, v in other.items()}
     if not convs:
-        yield ctx.passed("The model has no convolution layers: cudnn.benchmark would not help.", title="No convolutions")
+        yield ctx.passed("The model has no convolution layers (nn.Conv1d/2d/3d or their transposes): "
+                         "cudnn.benchmark would not help"
+                         + (f" ({', '.join(f'{k} x{v}' for k, v in sorted(lookalikes.items()))} "
+                            "named like one, but not a torch convolution: transformers' Conv1D is a linear "
+                            "layer)" if lookalikes else "") + ".",
+                         title="No convolutions", conv_modules={}, not_convolutions=lookalikes)
         return
     if ev.environment.cudnn_benchmark:
         yield ctx.passed("torch.backends.cudnn.benchmark is True.", title="cuDNN auto-tuner on")
@@ -47,10 +82,11 @@ def cudnn_benchmark(ctx):
     if ev.environment.cudnn_benchmark is None:
         yield ctx.skip("The cudnn.benchmark flag was not recorded.")
         return
-    m, nconv = convs[0]
+    m, nconv, kinds = convs[0]
     shapes = ((r.extras or {}).get("input_shapes") or {}).get(str(m.id))
     distinct = shapes.get("distinct") if shapes else None
-    numbers = {"model": m.cls, "conv_layers": nconv, "distinct_input_shapes": distinct,
+    numbers = {"model": m.cls, "conv_layers": nconv, "conv_modules": kinds, "not_convolutions": lookalikes,
+               "distinct_input_shapes": distinct,
                "shapes": (shapes or {}).get("shapes"), "cudnn_deterministic": ev.environment.cudnn_deterministic}
     if distinct is not None and distinct > MAX_FIXED_SHAPES:
         yield ctx.passed(f"{distinct} distinct input shapes were seen: the auto-tuner would benchmark each one "
@@ -63,19 +99,20 @@ def cudnn_benchmark(ctx):
     shape_txt = (f"{distinct} input shape(s) {numbers['shapes']}" if distinct is not None
                  else "input shapes not recorded")
     site = next((s for s in training_sites(r) if s.model == m.id and s.location), None)
+    fw = framework_of(ev)
+    fix, snippet, _ = knob_words("cudnn.benchmark", fw)
+    kinds_txt = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
     yield ctx.finding(
         severity=sev,
-        message=f"{m.cls} has {nconv} convolution layer(s) and trains on CUDA with {shape_txt}, but "
+        message=f"{m.cls} has {nconv} convolution layer(s) ({kinds_txt}) and trains on CUDA with {shape_txt}, but "
                 "torch.backends.cudnn.benchmark is False"
                 + (f"; forward+backward take {pct(share)} of the step" if share is not None else "") + ".",
         evidence=numbers,
         why="With benchmark on, cuDNN times the available convolution algorithms for each new input shape "
             "once and keeps the fastest; with fixed shapes that one-off cost buys faster steps for the "
             "rest of the run.",
-        fix="Enable the auto-tuner before the training loop (results may differ bit-wise between runs; keep "
-            "it off if you need cudnn.deterministic).",
-        snippet="torch.backends.cudnn.benchmark = True",
-        location=loc(site.location) if site else None,
+        fix=fix, snippet=snippet,
+        location=loc(site.location) if site else loc(framework_entry(ev)),
     )
 
 
