@@ -18,6 +18,7 @@ plain-PyTorch call where that still reaches the run).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -386,6 +387,18 @@ def words(knob_id: str, framework: str | None = None, **values: Any) -> tuple[st
     return _fmt(sp.fix, values) or "", _fmt(sp.snippet, values), sp.lever
 
 
+_DOC_VALUES = {"dtype": "bfloat16", "cls": "AdamW", "better": "fused=True"}
+# the snippet line a docs cell shows: the one that turns the knob
+_DOC_TOKENS = {"amp.bf16": "autocast|bf16", "amp.fp16": "autocast|fp16|16-mixed", "matmul.tf32": "tf32|precision",
+               "eval.bf16": "autocast|bf16", "dataloader.workers": "num_workers", "dataloader.pin-memory": "pin_memory",
+               "dataloader.persistent-workers": "persistent", "cudnn.benchmark": "benchmark",
+               "optim.set-to-none": "zero_grad", "optim.fused": "fused", "compile": "compile|dynamo",
+               "compile.cuda-graphs": "reduce-overhead", "train.accumulation": "accum|backward",
+               "eval.batch": "batch_size", "eval.inference-mode": "inference_mode",
+               "log.interval": "logging|log_every|item", "debug.anomaly": "anomaly",
+               "ddp.find-unused": "find_unused|strategy|DDP"}
+
+
 def markdown() -> str:
     """The table for docs/checks.md: one row per knob, one column per framework (the snippet's
     first line, as the user writes it)."""
@@ -393,7 +406,10 @@ def markdown() -> str:
         sp = k.words.get(fw)
         if sp is None:
             return "as plain PyTorch"
-        code = (sp.snippet or "").splitlines()
+        lines = [ln.strip() for ln in (_fmt(sp.snippet, _DOC_VALUES) or "").splitlines() if ln.strip()]
+        token = re.compile(_DOC_TOKENS.get(k.id, re.escape(k.id.split(".")[-1])), re.I)
+        code = [ln for ln in lines if token.search(ln)] or lines
+        code = [c.split("   #")[0].rstrip() for c in code]
         text = f"`{code[0]}`" if code and sp.lever else ""
         if not sp.lever:
             text = "no setting: " + (f"`{code[0]}`" if code else sp.fix)
@@ -401,11 +417,13 @@ def markdown() -> str:
 
     lines = ["## Knobs: one fix, four vocabularies", "",
              "Every fix that is a setting is a knob (`diag/knobs.py`), worded for the framework the run used "
-             "(`RankEvidence.framework`). `N` stands for the number the finding computes.", "",
+             "(`RankEvidence.framework`). `N` stands for the number the finding computes; a cell shows the line "
+             "that turns the knob (the finding's snippet has the rest). \"no setting\": the framework has none, "
+             "the finding says what to do instead.", "",
              "| knob | when | plain PyTorch | Hugging Face Trainer | Lightning | Accelerate | checks |",
              "|---|---|---|---|---|---|---|"]
     for k in _KNOBS:
-        lines.append(f"| `{k.id}` | {k.applies} | " + " | ".join(cell(k, fw) for fw in FRAMEWORKS)
+        lines.append(f"| **`{k.id}`** | {k.applies} | " + " | ".join(cell(k, fw) for fw in FRAMEWORKS)
                      + " | " + ", ".join(f"`{c}`" for c in k.checks) + " |")
     return "\n".join(lines) + "\n"
 

@@ -33,7 +33,9 @@ def markdown(specs, plugins=()) -> str:
         lines.append(f"| `{s.id}` | {s.severity} | {judges(s)} | {desc} | {src} |")
     for p in plugins:
         lines.append(f"| `{p.name}` | | | plugin entry point `{p.value}` (not imported) | plugin: {p.dist} {p.version} |")
-    return "\n".join(lines) + "\n"
+    from diag.knobs import markdown as knobs_markdown
+
+    return "\n".join(lines) + "\n\n" + knobs_markdown()
 
 
 def run(args) -> int:
