@@ -121,17 +121,14 @@ def _plain(err: UnicodeError):
 
 def _encodable_streams() -> None:
     """stdout and stderr never raise UnicodeEncodeError: a character the locale's encoding cannot
-    hold is written in plain ASCII (— as -, ≈ as ~) or escaped."""
+    hold is written in plain ASCII (— as -, ≈ as ~) or escaped (a lone surrogate as \\ud800)."""
     import codecs
 
     try:
         codecs.lookup_error("diag-plain")
     except LookupError:
         codecs.register_error("diag-plain", _plain)
-    for stream in (sys.stdout, sys.stderr):
-        enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
-        if enc in ("utf8", "utf16", "utf32"):
-            continue
+    for stream in (sys.stdout, sys.stderr):   # (under UTF-8 only a lone surrogate needs it)
         try:
             stream.reconfigure(errors="diag-plain")
         except (AttributeError, ValueError, OSError):

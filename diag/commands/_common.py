@@ -163,7 +163,7 @@ def stdout_console(**kw):
 def write_report(path: str, text: str) -> None:
     """Write a report file (-o, --html); an OS error is one sentence, exit 2."""
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with open(path, "w", encoding="utf-8", errors="replace") as f:   # (a lone surrogate: U+FFFD)
             f.write(text)
     except OSError as e:
         raise DiagError(f"cannot write the report to {path!r}: {e.strerror}") from None

@@ -110,7 +110,9 @@ def gather(args):
         raise DiagError("nothing to attach to: give the PID of a running training process (or --job PID, "
                         "or --from EVIDENCE)", hint="ps -ef | grep python lists the candidates")
     if args.from_:
+        from diag.commands.check import refuse_report
         from diag.evidence import load_evidence
+        refuse_report(args.from_)
         ev = load_evidence(args.from_)
         if not is_attach(ev):
             raise DiagError(f"{args.from_} was not written by diag attach; judge it with diag check --from")

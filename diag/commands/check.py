@@ -71,9 +71,38 @@ def _split(values: list[str]) -> list[str]:
     return out
 
 
+def refuse_report(path: str) -> None:
+    """A JSON report given where evidence is expected (``--from report.json``) is one sentence naming
+    the evidence it was made from, not a run judged as having 0 steps."""
+    import json
+    import os
+    import re
+
+    try:
+        if not os.path.isfile(path):
+            return
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return
+    if not re.search(r'"tool"\s*:\s*\{\s*"name"\s*:\s*"diag"', head):
+        return
+    m = re.search(r'"evidence"\s*:\s*("(?:[^"\\]|\\.)*")', head)
+    hint = None
+    if m:
+        try:
+            hint = f"diag check --from {json.loads(m.group(1))}"
+        except ValueError:
+            hint = None
+    raise DiagError(f"{path!r} is a diag report, not evidence: --from judges an evidence.json (or its run "
+                    "directory); the report names the evidence it was made from", hint=hint)
+
+
 def load_from(paths: list[str]):
     from diag.evidence import load_evidence
 
+    for p in paths:
+        refuse_report(p)
     if len(paths) == 1:
         return load_evidence(paths[0])
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -192,7 +193,35 @@ def load_evidence(path: str | os.PathLike) -> Evidence:
     except ValueError as e:   # an integer of more digits than Python converts (4,300)
         raise DiagError(f"evidence file {name!r} is malformed: {e}") from None
     _check_shape(data, name)
+    if _SURROGATE_ESCAPE.search(text):
+        data = _no_lone_surrogates(data)
     return Evidence.from_dict(data, source=name)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_lone_surrogates(data: Any) -> Any:
+    """A lone surrogate (``"\\ud800"`` in the JSON) cannot be written as UTF-8 by any report: each is
+    replaced with U+FFFD, in keys and values, without recursion."""
+    def fix(v):
+        return _SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v
+
+    root = [data]
+    stack = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        value = parent[key]
+        if isinstance(value, dict):
+            new = {fix(k): v for k, v in value.items()}
+            parent[key] = new
+            stack.extend((new, k) for k in new)
+        elif isinstance(value, list):
+            stack.extend((value, i) for i in range(len(value)))
+        elif isinstance(value, str):
+            parent[key] = fix(value)
+    return root[0]
 
 
 def _check_shape(data: Any, name: str) -> None:

@@ -51,9 +51,14 @@ SEVERITY_ORDER = (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.I
 
 # ---- escaping -------------------------------------------------------------------------------------
 
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def esc(value: Any) -> str:
     """HTML-escape any value for text or a quoted attribute (``& < > " '``)."""
-    return _html.escape("" if value is None else str(value), quote=True)
+    text = _html.escape("" if value is None else str(value), quote=True)
+    # control characters from evidence (an ESC, a NUL) are shown escaped, never kept raw in the page
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if _CONTROL.search(text) else text
 
 
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}

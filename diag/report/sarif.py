@@ -35,9 +35,12 @@ def source_root(evidence, given: str | None = None) -> Path | None:
     start = evidence.run.script or evidence.run.cwd or None
     if not start:
         return None
-    d = Path(start).resolve()
-    d = d if d.is_dir() else d.parent
-    if not d.is_dir():
+    try:   # a crafted evidence file's path may hold a NUL byte or a lone surrogate
+        d = Path(start).resolve()
+        d = d if d.is_dir() else d.parent
+        if not d.is_dir():
+            return None
+    except (OSError, ValueError):
         return None
     try:
         out = subprocess.run(["git", "-C", str(d), "rev-parse", "--show-toplevel"], capture_output=True,
@@ -55,7 +58,7 @@ def _artifact(file: str, root: Path | None, cwd: str | None) -> dict:
         p = Path(cwd) / p
     try:
         p = p.resolve()
-    except OSError:
+    except (OSError, ValueError):
         pass
     if root is not None:
         try:
