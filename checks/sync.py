@@ -51,6 +51,7 @@ def sync_host_device(ctx):
         return
     sev = Severity.WARNING if per_step >= SYNC_WARN_PER_STEP else Severity.INFO
     top = sites[0] if sites else None
+    step_txt = f" ({ms(ph['total_s'])} step)" if ph else ""
     fw, entry = framework_of(ev), framework_entry(ev)
     inside = [x for x in sites if fw and entry and x.get("file") == entry.get("file")
               and x.get("line") == entry.get("line")]
