@@ -145,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return ExitCode.USAGE
-    if args.command != "tui":     # the TUI restores the terminal on SIGTERM/SIGHUP itself
-        _stop_like_ctrl_c()
+    _stop_like_ctrl_c()           # (while its app runs, the TUI closes it first: diag/commands/tui.py)
     try:
         _cwd_exists()
         return int(args._module.run(args))

@@ -152,9 +152,12 @@ def run(args) -> int:
     app = DiagApp(source, gpu, refresh_s=args.refresh)
     if baseline is not None:
         app.baseline = baseline                     # read by the Steps tab
+    terminated: list[str] = []
+    restore = _exit_app_on_termination(app, terminated)
     try:
         app.run()
     finally:
+        restore()
         if run is not None:
             _finish(run, app)
         if attach is not None:
@@ -164,6 +167,10 @@ def run(args) -> int:
         sys.stderr.write(f"diag: sampled PID {args.attach} in {attach.windows} window(s); the job was not touched\n")
         if attach.error:
             sys.stderr.write(f"diag: {attach.error}\n")
+    if terminated:      # the app has put the terminal back as it was; then the clean stop of Ctrl-C
+        from diag.cli import Terminated
+
+        raise Terminated(terminated[0])
     if run is not None:
         ev = run.evidence
         from diag.sanitize import for_terminal
@@ -176,6 +183,45 @@ def run(args) -> int:
         if ev.run.status in ("failed", "oom", "killed"):
             return ExitCode.SCRIPT_FAILED
     return ExitCode.OK
+
+
+def _exit_app_on_termination(app, terminated: list):
+    """SIGTERM and SIGHUP close the app the way 'q' does, so that Textual restores the terminal (the
+    main screen, the cursor, mouse reporting off, the tty's modes); diag then stops as on Ctrl-C.
+    Returns a function that restores the previous handlers."""
+    import asyncio
+    import signal
+
+    previous = {}
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        if not terminated:
+            terminated.append(name)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            from diag.cli import Terminated
+
+            raise Terminated(name)      # before the app runs or after it ended
+        loop.call_soon_threadsafe(app.exit)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass
+
+    def restore():
+        for sig, h in previous.items():
+            try:
+                signal.signal(sig, h)
+            except (ValueError, OSError):
+                pass
+
+    return restore
 
 
 def _finish(run, app) -> None:
