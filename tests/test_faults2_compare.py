@@ -111,3 +111,23 @@ def test_an_integer_of_thousands_of_digits_in_evidence(tmp_path):
     for args in (("check", "--from", str(ev)), ("attach", "--from", str(ev))):
         line = bad_input(run_diag(*args, cwd=tmp_path))
         assert "evidence.json" in line and "malformed" in line
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("negative", "a duration (negative or NaN)"),
+    ("ranks", "rank 0 appears 3 times"),
+    ("wall", "negative duration"),
+])
+def test_impossible_values_in_evidence_are_refused(tmp_path, case, needle):
+    ev = tmp_path / "evidence.json"
+    EvidenceBuilder().cuda_training().steps(5, total_s=2.5, samples=8).build().save(ev)
+    d = json.loads(ev.read_text())
+    if case == "negative":
+        d["ranks"][0]["steps"][2]["forward_s"] = -4.0
+    elif case == "ranks":
+        d["ranks"] = [d["ranks"][0]] * 3
+    else:
+        d["run"]["wall_s"] = -10
+    ev.write_text(json.dumps(d))
+    line = bad_input(run_diag("check", "--from", str(ev), cwd=tmp_path))
+    assert needle in line, line

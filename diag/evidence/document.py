@@ -195,7 +195,34 @@ def load_evidence(path: str | os.PathLike) -> Evidence:
     _check_shape(data, name)
     if _SURROGATE_ESCAPE.search(text):
         data = _no_lone_surrogates(data)
-    return Evidence.from_dict(data, source=name)
+    ev = Evidence.from_dict(data, source=name)
+    _check_values(ev, name)
+    return ev
+
+
+_DURATIONS = ("total_s", "data_s", "forward_s", "backward_s", "optimizer_s")
+
+
+def _check_values(ev: Evidence, name: str) -> None:
+    """Values no run can produce (the types are right, the numbers impossible): one sentence."""
+    what = f"evidence file {name!r} is malformed"
+    seen: dict[int, int] = {}
+    for r in ev.ranks:
+        if isinstance(r.rank, int):
+            seen[r.rank] = seen.get(r.rank, 0) + 1
+    twice = sorted(k for k, n in seen.items() if n > 1)
+    if twice:
+        raise DiagError(f"{what}: rank {twice[0]} appears {seen[twice[0]]} times (each rank is recorded once)")
+    wall = ev.run.wall_s
+    if isinstance(wall, (int, float)) and wall < 0:
+        raise DiagError(f"{what}: run.wall_s is {wall}, a negative duration")
+    for r in ev.ranks:
+        for s in r.steps:
+            for f in _DURATIONS:
+                v = getattr(s, f, 0.0)
+                if isinstance(v, (int, float)) and (v < -1e-6 or v != v):
+                    raise DiagError(f"{what}: rank {r.rank}'s step {s.index} has {f} = {v}, "
+                                    "not a duration (negative or NaN)")
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
