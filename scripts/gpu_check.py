@@ -17,6 +17,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import importlib.util
 import time
 from pathlib import Path
 
@@ -52,13 +53,28 @@ TWINS = [
       "evidence": {"memory.oom": [("batch_size", "==", 1 << 21)]}}),
     ("cudnn_benchmark_off", "cudnn_benchmark_off.py", 30, {}, {"fire": ["cudnn.benchmark"]}),
     ("tf32_off", "tf32_off.py", 30, {}, {"fire": ["matmul.tf32"]}),
+    # issue 31: the framework twins (fixes in their words, no gain promised that cannot be predicted,
+    # no convolution in GPT-2's Conv1D) and a short clean run that must stay quiet at the default interval
+    ("hf_trainer_fp32", "hf_trainer_gpt2.py", None, {"TWIN_PRECISION": "fp32"},
+     {"needs": "transformers", "pass": ["gpu.low-utilization", "cudnn.benchmark"],
+      "fix": {"amp.unused": "TrainingArguments(bf16=True)", "matmul.tf32": "TrainingArguments(tf32=True)"},
+      "evidence": {"gpu.low-utilization": [("samples", ">=", 10)]}}),
+    ("hf_trainer_bf16", "hf_trainer_gpt2.py", None, {"TWIN_PRECISION": "bf16"},
+     {"needs": "transformers", "pass": ["amp.unused", "matmul.tf32", "gpu.low-utilization", "cudnn.benchmark"]}),
+    ("lightning_fp32", "lightning_mlp.py", None, {"TWIN_PRECISION": "fp32"},
+     {"needs": "lightning", "fire": ["amp.unused"], "pass": ["gpu.low-utilization"],
+      "fix": {"amp.unused": 'precision="bf16-mixed"', "matmul.tf32": "torch.set_float32_matmul_precision"}}),
+    ("lightning_bf16", "lightning_mlp.py", None, {"TWIN_PRECISION": "bf16"},
+     {"needs": "lightning", "pass": ["amp.unused", "matmul.tf32", "gpu.low-utilization"]}),
+    ("short_clean", "short_clean.py", None, {},
+     {"quiet": True, "evidence": {"gpu.low-utilization": [("samples", ">=", 10)]}}),
 ]
 
 # in order of priority: the slow, older gpu tests last, so that a squeezed budget cuts them first
 PARTS = ["gpus", "twins", "overhead", "mfu", "nvml_cost", "gpu_tests"]
 # the most seconds a part may take (the twins stop starting workloads past theirs), so that one slow part
 # cannot starve the ones after it; gpu_tests gets what is left
-PART_BUDGET = {"gpus": 50, "twins": 250, "overhead": 100, "mfu": 90, "nvml_cost": 30}
+PART_BUDGET = {"gpus": 50, "twins": 300, "overhead": 100, "mfu": 90, "nvml_cost": 30}
 DESCRIBE = {
     "gpus": "`diag gpus` and `diag gpus --json` on the real driver",
     "gpu_tests": "pytest -m gpu tests/test_gpu_real.py tests/test_memory_gpu.py (NVML on a real driver; memory "
@@ -171,6 +187,9 @@ def part_twins(run: Run):
         if run.left() < 30 or time.monotonic() - t0 > PART_BUDGET["twins"] - 20:
             results[name] = {"ok": False, "why": "skipped: out of time"}
             continue
+        if expect.get("needs") and importlib.util.find_spec(expect["needs"]) is None:
+            results[name] = {"ok": True, "why": f"skipped: {expect['needs']} is not installed"}
+            continue
         rep_path = run.reports / f"{name}.json"
         cmd = run.diag + ["check", "--script", str(CUDA / script), "--format", "json", "--fail-on", "never",
                           "--run-dir", str(run.out / "runs" / name), "--output", str(rep_path)]
@@ -206,6 +225,10 @@ def part_twins(run: Run):
             for key, op, ref in preds:
                 if not _cmp(_get(evd, key), op, ref):
                     problems.append(f"{cid}.evidence.{key}={_get(evd, key)!r}, expected {op} {ref!r}")
+        if expect.get("quiet"):
+            loud = [cid for cid, f in fs.items() if f.get("severity") in ("warning", "error")]
+            problems += [f"{cid} {fs[cid].get('severity')} on a clean run: {fs[cid].get('message', '')[:200]}"
+                         for cid in loud]
         watched = set(expect.get("fire", [])) | set(expect.get("pass", [])) | set(expect.get("evidence", {}))
         watched |= set(expect.get("fix", {}))
         res["findings"] = {cid: {"severity": fs[cid].get("severity"), "message": fs[cid].get("message"),
@@ -423,12 +446,16 @@ def main(argv=None) -> int:
             print(f"  {p:<10} {DESCRIBE[p]}{cap}")
             if p == "twins":
                 for name, script, steps, env, expect in TWINS:
-                    what = ", ".join([f"{c} fires" for c in expect.get("fire", [])] +
+                    what = ", ".join((["no warning or error at all"] if expect.get("quiet") else []) +
+                                     ([f"needs {expect['needs']}"] if expect.get("needs") else []) +
+                                     [f"{c} fires" for c in expect.get("fire", [])] +
                                      [f"{c} passes" for c in expect.get("pass", [])] +
                                      [f"{c}'s fix says {t!r}" for c, t in expect.get("fix", {}).items()] +
                                      [f"{c}.{k} {op} {ref}" for c, preds in expect.get("evidence", {}).items()
                                       for k, op, ref in preds])
-                    print(f"    {name:<22} tests/scripts/cuda/{script}{f' --steps {steps}' if steps else ''}: {what}")
+                    tag = " ".join(f"{k}={v}" for k, v in env.items() if k.startswith("TWIN_"))
+                    print(f"    {name:<22} tests/scripts/cuda/{script}{f' --steps {steps}' if steps else ''}"
+                          f"{f' ({tag})' if tag else ''}: {what}")
         return 0
     out = Path(a.out)
     if out.exists() and not out.is_dir():

@@ -54,7 +54,7 @@ def test_twins_exist_compile_and_expect_known_checks():
 
     mod = _gpu_check()
     ids = set()
-    for name in ("dataloader", "tuning", "cost", "sync", "eval", "amp", "memory"):
+    for name in ("dataloader", "tuning", "cost", "sync", "eval", "amp", "memory", "gpu"):
         src = (REPO / "checks" / f"{name}.py").read_text()
 
         ids |= set(re.findall(r'@check\(id="([^"]+)"', src))
