@@ -342,7 +342,9 @@ def compile_unused(ctx):
     else:
         cond = (f"forward+backward take {pct(share)} of the {ms(ph['total_s'])} step; at the 1.43x mean speed-up "
                 f"that saves about {ms(gain_s)} per step, repaying ~{COMPILE_COST_S:.0f} s of compilation after "
-                f"~{breakeven:,} steps" if breakeven else "the step has no forward/backward time to speed up")
+                f"~{breakeven:,} steps (basis: PyTorch 2.0's mean training speed-up over 163 models on an A100, "
+                "an average, not a bound for this model: measure it)"
+                if breakeven else "the step has no forward/backward time to speed up")
     spoken = knob(framework_of(ctx.evidence), "compile")
     yield ctx.finding(
         severity=Severity.INFO,
