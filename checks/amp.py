@@ -239,7 +239,7 @@ def matmul_tf32(ctx):
         sev = Severity.INFO
     name = dev.name if dev else "the GPU"
     fw = framework_of(ev)
-    fix, snippet, _ = words(ev, "matmul.tf32")
+    fix, snippet, _ = words(ev, ctx.id)   # the knob has the check's id
     yield ctx.finding(
         severity=sev,
         message=f"fp32 matmuls run at full fp32 precision on {name} (compute capability {cap_str(cap)}, "
@@ -248,7 +248,7 @@ def matmul_tf32(ctx):
                   "capability": cap_str(cap), "forward_backward_share": share,
                   "tf32_to_fp32_peak_ratio": g["peak_ratio"], "max_step_speedup": g["high"],
                   "min_step_speedup": g["low"] if g["predictable"] else None, "speedup_basis": g,
-                  "framework": fw, "knob": "matmul.tf32"},
+                  "framework": fw, "knob": ctx.id},
         why="TF32 keeps fp32's range with a 10-bit mantissa and runs on tensor cores: H100 494.5 vs 67 "
             "TFLOPS dense (A100: 156 vs 19.5). Most training converges the same; check yours.",
         fix=fix, snippet=snippet, location=loc(framework_entry(ev)) if fw else None,

@@ -100,7 +100,7 @@ def cudnn_benchmark(ctx):
                  else "input shapes not recorded")
     site = next((s for s in training_sites(r) if s.model == m.id and s.location), None)
     fw = framework_of(ev)
-    fix, snippet, _ = knob_words("cudnn.benchmark", fw)
+    fix, snippet, _ = knob_words(ctx.id, fw)   # the knob has the check's id
     kinds_txt = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
     yield ctx.finding(
         severity=sev,
