@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import warnings
 import weakref
 
 from diag.probe.hooks import _never, compiling_check, run_eagerly
@@ -39,7 +38,6 @@ _compiling = _never           # torch.compiler.is_dynamo_compiling once installe
 WINDOW_FORWARDS = 16          # a window with no step closes after this many outermost forwards
 PERIODIC_FIRST = 16           # periodic windows at steps 16, 32, 64, ... then every PERIODIC_CAP
 PERIODIC_CAP = 1024
-_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 # reasons that never back off: each names a real change in the run
 _NO_BACKOFF = ("install", "new optimizer", "a step no known forward fed", "periodic")
 
@@ -87,7 +85,6 @@ class HandOver:
         self._new: list = []                        # noted since the last hand-over
         self._bare_models: dict[int, bool] = {}     # id(parameterless outermost) -> it called a model
         self._opts: dict[int, int] = {}             # id(optimizer) -> outermost forwards at its last step
-        self._warn_filter = None
         self._in_train = False
         self._orig_train = None
         self._window_forwards = 0
@@ -168,7 +165,6 @@ class HandOver:
             a.remove()
             b.remove()
         self._hooked.clear()
-        self._unfilter()
 
     # ---- the two routes -----------------------------------------------------------------------------
     def _mine(self, module) -> bool:
@@ -278,10 +274,9 @@ class HandOver:
         self._window_forwards = 0
         self._reason = reason
         self.windows.append((self.steps, reason))
-        # torch.compile warns when a compiled module is called under global hooks: they are diag's,
-        # for this window only; the warning is not the user's concern
-        warnings.filterwarnings("ignore", message=_COMPILE_WARNING)
-        self._warn_filter = warnings.filters[0]
+        # torch.compile warns when a compiled module is called under global hooks: quiet.py filters
+        # that message for the probe's lifetime (a filter added here per window emptied every
+        # module's warning registry: the script's warnings were shown again)
         self._add_globals()
 
     def _add_globals(self) -> None:
@@ -323,7 +318,6 @@ class HandOver:
             m = ref()
             if m is not None:
                 new += self._hook(m)
-        self._unfilter()
         r = self._reason
         if r not in _NO_BACKOFF:
             n = self._fruitless[r] = 0 if new else self._fruitless.get(r, 0) + 1
@@ -345,15 +339,6 @@ class HandOver:
         if s >= PERIODIC_FIRST and ((s & (s - 1)) == 0 if s <= PERIODIC_CAP else s % PERIODIC_CAP == 0):
             self.request("periodic")
         return in_window
-
-    def _unfilter(self) -> None:
-        f, self._warn_filter = self._warn_filter, None
-        if f is not None:
-            try:
-                warnings.filters.remove(f)
-                warnings._filters_mutated()   # type: ignore[attr-defined]
-            except (ValueError, AttributeError):
-                pass
 
     def _hook(self, module) -> int:
         import torch

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import warnings
 
@@ -24,19 +25,31 @@ from diag.probe.frames import _DIAG_DIR, is_library_file
 _COMPILE_HOOKS = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
+def add_filter(action: str, message: str, category=Warning):
+    """Put a warnings filter first, *without* telling the warnings machinery that its filters changed;
+    returns the entry for :func:`remove_filter`.
+
+    ``warnings.filterwarnings`` bumps the filters' version, which empties every module's
+    ``__warningregistry__``: each warning the script had already shown once (the default action) is
+    shown again the next time it is raised. Adding and removing a filter in the middle of a run made a
+    Lightning run print a FutureWarning twice under diag (the do-no-harm harness). An ``ignore`` or
+    ``always`` entry needs no bump: neither action writes to a registry, and the filter list is read
+    on every warning."""
+    entry = (action, re.compile(message, re.I), category, None, 0)
+    warnings.filters.insert(0, entry)
+    return entry
+
+
+def remove_filter(entry) -> None:
+    with contextlib.suppress(Exception):
+        warnings.filters.remove(entry)
+
+
 def silence_hook_warnings():
-    """Filter torch.compile's global-hook warning; returns the function that removes the filter."""
-    warnings.filterwarnings("ignore", message=_COMPILE_HOOKS, category=UserWarning)
-    entry = warnings.filters[0]
-
-    def undo() -> None:
-        with contextlib.suppress(Exception):
-            warnings.filters.remove(entry)
-            mutated = getattr(warnings, "_filters_mutated", None)
-            if mutated is not None:
-                mutated()
-
-    return undo
+    """Filter torch.compile's global-hook warning (diag's global hooks, in a discovery window, are
+    the only global ones the probe adds); returns the function that removes the filter."""
+    entry = add_filter("ignore", _COMPILE_HOOKS, UserWarning)
+    return lambda: remove_filter(entry)
 
 
 def _user_frame():

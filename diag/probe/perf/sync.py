@@ -5,9 +5,11 @@ window, host-to-device copies (``extras.copies``: bytes, and ``non_blocking=True
 memory, which are synchronous in fact; sync debug mode cannot see those)."""
 from __future__ import annotations
 
+import re
 import warnings
 
 from diag.probe.hooks import Patches
+from diag.probe.quiet import add_filter, remove_filter
 from diag.probe.perf._common import MAX_LOCATE, MAX_SITES, _count_at_caller
 
 SYNC_MSG = "called a synchronizing CUDA operation"   # the text of torch's sync debug warning
@@ -107,8 +109,7 @@ class SyncRecorder:
     def start_sync_capture(self, first_step: int) -> None:
         """Route torch's sync warnings to the counter (public for tests: on a CPU-only build the
         warning can be issued by hand with the text a CUDA build uses)."""
-        warnings.filterwarnings("always", message=SYNC_MSG)
-        self._sync_filter = warnings.filters[0]
+        self._sync_filter = add_filter("always", re.escape(SYNC_MSG))   # no registry reset (quiet.add_filter)
         self._orig_showwarning = warnings.showwarning
         warnings.showwarning = self._hook
         self._sync_open = True
@@ -144,9 +145,7 @@ class SyncRecorder:
         except Exception:
             pass
         try:
-            if self._sync_filter in warnings.filters:
-                warnings.filters.remove(self._sync_filter)
-                warnings._filters_mutated()
+            remove_filter(self._sync_filter)
         except Exception:
             pass
         if warnings.showwarning is self._hook:
