@@ -25,9 +25,23 @@ def run_id() -> str | None:
     return os.environ.get(MARKER) or None
 
 
+def _pkg_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def restore_environment() -> None:
     if os.environ.pop("DIAG_SAFEPATH_SET", None):
         os.environ.pop("PYTHONSAFEPATH", None)
+    # diag's runner puts diag's source tree first on PYTHONPATH when diag runs from one (diag/runner.py):
+    # the probe is imported by now; the script and what it starts get the user's PYTHONPATH back
+    if run_id() is not None:
+        parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if parts and parts[0] == _pkg_root():
+            rest = os.pathsep.join(parts[1:])
+            if rest:
+                os.environ["PYTHONPATH"] = rest
+            else:
+                os.environ.pop("PYTHONPATH", None)
 
 
 def setup() -> threading.Thread | None:
@@ -103,4 +117,25 @@ def script_path(script: str) -> None:
     cwd = os.getcwd()
     if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] in ("", cwd):
         del sys.path[0]
+    root = _pkg_root()
+    if root in sys.path and _installed_elsewhere(root):
+        sys.path.remove(root)   # came from the runner's PYTHONPATH: `python script.py` has no such entry
     sys.path.insert(0, here)
+
+
+def _installed_elsewhere(root: str) -> bool:
+    """Whether an import finder other than sys.path's (an editable install's) finds diag at ``root``:
+    then a child process (a spawned DataLoader worker) finds diag without ``root`` on sys.path."""
+    import importlib.machinery
+
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec("diag", None)
+        except Exception:
+            continue
+        origin = getattr(spec, "origin", None) or ""
+        if origin.startswith(root + os.sep):
+            return True
+    return False
