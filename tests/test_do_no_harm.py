@@ -1,0 +1,65 @@
+"""Do no harm (issue 26): every script of the corpus behaves under ``diag check`` as it does bare —
+the same exit code, output, files (checkpoints that load where diag cannot be imported, with the same
+tensors) and, on the CPU with deterministic settings, the same losses bit for bit. The harness is
+tests/dnh.py; ``scripts/do-no-harm.py`` prints its table."""
+import importlib.util
+
+import pytest
+
+import dnh
+
+
+
+def _available(case: dnh.Case) -> bool:
+    if "hf_trainer" in case.script:
+        return importlib.util.find_spec("transformers") is not None
+    if "lightning" in case.script:
+        return importlib.util.find_spec("lightning") is not None or \
+            importlib.util.find_spec("pytorch_lightning") is not None
+    return True
+
+
+@pytest.mark.parametrize("case", dnh.CASES, ids=[c.id for c in dnh.CASES])
+def test_the_script_behaves_under_diag_as_it_does_bare(case, tmp_path):
+    if not _available(case):
+        pytest.skip(f"{case.script} needs a framework that is not installed")
+    diffs = dnh.run_case(case, tmp_path)
+    assert not diffs, f"{case.script} {' '.join(case.args)} under diag:\n" + "\n".join(diffs)
+
+
+def test_the_harness_sees_a_difference_when_there_is_one(tmp_path):
+    """The harness is not blind: a script whose loss depends on whether diag is in the process, and
+    that writes diag's name into its checkpoint under diag, fails every comparison it should."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tell.py").write_text(
+        "import sys, torch\n"
+        "probe = any(m.startswith('diag.probe') for m in sys.modules)\n"
+        "w = torch.ones(2, requires_grad=True)\n"
+        "(w.sum() * (2.0 if probe else 1.0)).backward()\n"
+        "print('under diag' if probe else 'bare')\n"
+        "torch.save({'w': w.detach() + (1 if probe else 0), 'who': 'diag.probe' if probe else ''}, 'ck.pt')\n"
+        "sys.exit(3 if probe else 0)\n")
+    case = dnh.Case("tell.py")
+    old = dnh.SCRIPTS
+    dnh.SCRIPTS = src
+    try:
+        diffs = dnh.run_case(case, tmp_path / "run")
+    finally:
+        dnh.SCRIPTS = old
+    text = "\n".join(diffs)
+    assert "exit code 0 bare, 3 under diag" in text
+    assert "the script's output differs" in text
+    assert "names diag's probe" in text
+    assert "holds other tensors" in text
+    assert "losses differ" in text
+
+
+def test_the_harness_masks_timings_not_values():
+    assert dnh.mask("epoch 1 took 3.25 s, 120.5 it/s, loss 0.125") == dnh.mask("epoch 1 took 9.1 s, 3 it/s, loss 0.125")
+    assert dnh.mask("loss 0.125") != dnh.mask("loss 0.126")
+    assert dnh.mask("{'train_runtime': 1.5, 'train_loss': 2.0}") == dnh.mask("{'train_runtime': 7.25, 'train_loss': 2.0}")
