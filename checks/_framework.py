@@ -51,18 +51,6 @@ def knob(framework: str | None, what: str, **v) -> tuple[str, str] | None:
     if framework not in ("transformers", "lightning", "accelerate"):
         return None
     v = {k: ("..." if x is None else x) for k, x in v.items()}
-    if what == "num_workers":
-        fix, snippet, _ = knob_words("dataloader.workers", framework, **v)
-        if framework == "transformers":
-            extra = (", dataloader_pin_memory=True" if v.get("cuda") else "") + \
-                    (", dataloader_persistent_workers=True" if v["n"] > 0 else "")
-            return (fix[:-2] + extra + ").", snippet[:-1] + (", dataloader_persistent_workers=True)"
-                                                             if v["n"] > 0 else ")"))
-        if framework == "lightning":
-            extra = ", persistent_workers=True" if v["n"] > 0 else ""
-            return (fix.replace(f"num_workers={v['n']}", f"num_workers={v['n']}{extra}"),
-                    snippet.replace(f"num_workers={v['n']})", f"num_workers={v['n']}{extra})"))
-        return None
     ids = {"persistent_workers": "dataloader.persistent-workers", "pin_memory": "dataloader.pin-memory",
            "find_unused_parameters": "ddp.find-unused", "compile": "compile", "eval_batch_size": "eval.batch",
            "detect_anomaly": "debug.anomaly"}

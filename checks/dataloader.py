@@ -7,7 +7,7 @@ from diag.checks.api import (check, cuda_training, data_wait, device_types, gpu_
 
 import math
 
-from ._framework import NAMES, framework_entry, framework_of, knob
+from ._framework import NAMES, framework_entry, framework_of, words
 from ._perf import PERF_MISSING, guide, perf_ran, short_file, training_sites
 from ._util import loc, ms, pct
 
@@ -197,9 +197,11 @@ def dataloader_workers(ctx):
                + f"make each batch cheaper ({cheaper}).")
         snippet = None
     else:
-        fix = (f"Load batches in background worker processes: num_workers={rec} (this machine has {cpus} "
-               f"usable CPUs); each batch takes {ms(f)} to produce and the model needs one every "
-               f"{ms(compute)}"
+        # the knob's words in the run's framework (diag/knobs.py), then the prediction
+        lead, snippet, _ = words(ev, "dataloader.workers", n=rec, batch_size=loader.batch_size)
+        numbers["knob"] = "dataloader.workers"
+        fix = (f"Load batches in background worker processes. {lead} This machine has {cpus} usable CPUs; each "
+               f"batch takes {ms(f)} to produce and the model needs one every {ms(compute)}"
                + (f", so the step should drop from {ms(wait + compute)} to about {ms(predicted)}."
                   if predicted else "."))
         if capped:
@@ -209,16 +211,10 @@ def dataloader_workers(ctx):
             fix += (f" The model trains on the CPU: workers share the {cpus} cores with its compute, so the "
                     "gain is smaller than predicted when compute already uses every core; compare the step "
                     f"time with num_workers=0 and {rec}, and keep the faster.")
-            snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
-                       f"                    persistent_workers=True)")
-        else:
-            snippet = (f"loader = DataLoader(dataset, batch_size={loader.batch_size}, num_workers={rec},\n"
-                       f"                    pin_memory=True, persistent_workers=True)")
-        spoken = knob(fw, "num_workers", n=rec, cuda=not on_cpu, batch_size=loader.batch_size)
-        if spoken is not None:
-            rest = fix[fix.index(";") + 2:] if ";" in fix else ""
-            fix = spoken[0] + (" " + rest[:1].upper() + rest[1:] if rest else "")
-            snippet = spoken[1]
+        elif snippet:
+            # CUDA training: the batches the workers build are pinned too (the pin-memory knob's word)
+            pin = "dataloader_pin_memory=True" if fw == "transformers" else "pin_memory=True"
+            snippet = snippet.replace(f"num_workers={rec}", f"num_workers={rec}, {pin}", 1)
     yield ctx.finding(
         severity=sev,
         message=f"The model waited for data {pct(frac)} of step time ({ms(wait)} of {ms(wait + compute)} "
@@ -379,6 +375,18 @@ def dataloader_pin_memory(ctx):
         if cc.pinned_n:
             size += f", pinned copies {pct(cc.pinned_share)}"
     location = loc(sites[0]) if pageable_nb and sites else loc(unpinned[0].location) if unpinned else None
+    fw = framework_of(ev)
+    fix, snippet, _ = words(ev, ctx.id)   # the knob has the check's id
+    if fw and not unpinned:
+        # the framework's loaders are pinned: the pageable copies are the script's own tensors
+        fix, snippet = ("Call .pin_memory() on the tensors the script copies with non_blocking=True (a pinned "
+                        "buffer reused every step), or copy them without non_blocking.",
+                        "x = x.pin_memory()\nx = x.to(device, non_blocking=True)")
+    elif fw and pageable_nb:
+        fix += " For tensors the script copies itself, call .pin_memory() before the non_blocking copy."
+    numbers.update(framework=fw, knob=ctx.id)
+    if location is None and fw:
+        location = loc(framework_entry(ev))
     yield ctx.finding(
         severity=sev,
         message="; ".join(parts) + size + ".",
@@ -386,13 +394,7 @@ def dataloader_pin_memory(ctx):
         why="A copy from pageable memory is staged through a pinned buffer by the driver, at about half "
             "the bandwidth, and blocks the CPU; only pinned memory lets non_blocking copies overlap with "
             "compute.",
-        fix="Let the DataLoader pin batches (pin_memory=True) and copy them with non_blocking=True; "
-            "for tensors built by hand, call .pin_memory() before the copy.",
-        snippet=("loader = DataLoader(dataset, batch_size=..., num_workers=4, pin_memory=True)\n"
-                 "for x, y in loader:\n"
-                 "    x = x.to(device, non_blocking=True)\n"
-                 "    y = y.to(device, non_blocking=True)"),
-        location=location,
+        fix=fix, snippet=snippet, location=location,
     )
 
 
@@ -453,6 +455,9 @@ def dataloader_persistent_workers(ctx):
                      **numbers, title="Worker start-up is negligible")
         return
     sev = Severity.WARNING if share >= RESPAWN_WARN_SHARE else Severity.INFO
+    fw = framework_of(ev)
+    fix, snippet, _ = words(ev, ctx.id, n=d.num_workers, batch_size=d.batch_size)   # the knob has the check's id
+    numbers.update(framework=fw, knob=ctx.id)
     yield ctx.finding(
         severity=sev,
         message=f"The DataLoader re-spawns its {d.num_workers} workers every epoch: the first batch of epochs "
@@ -461,10 +466,7 @@ def dataloader_persistent_workers(ctx):
         evidence=numbers,
         why="Without persistent_workers, every new iterator (every epoch) forks the workers again, "
             "re-imports and re-builds their state, and the model waits for the first batch.",
-        fix="Keep the workers alive between epochs with persistent_workers=True.",
-        snippet=(f"loader = DataLoader(dataset, batch_size={d.batch_size}, num_workers={d.num_workers},\n"
-                 "                    persistent_workers=True, pin_memory=True)"),
-        location=loc(d.location),
+        fix=fix, snippet=snippet, location=loc(d.location or (framework_entry(ev) if fw else None)),
     )
 
 

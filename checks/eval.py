@@ -4,7 +4,7 @@ from __future__ import annotations
 from diag.checks.api import check, cuda_device, fmt_seconds, knob_words, median, peak_flops, Severity
 
 from ._perf import amdahl, cap_str, capability, guide, short_file, size
-from ._framework import framework_of, knob
+from ._framework import framework_of
 from ._util import pct
 from ._util import loc
 
@@ -299,15 +299,17 @@ def eval_small_batch(ctx):
     where = loaders[0].location if loaders and loaders[0].location else (site.location if site else None)
     sps = tp["samples_per_s"]
     target = 64 if max_eval is None else max(2 * batch, min(1 << (int(max_eval).bit_length() - 1), 1024))
-    if loaders:
-        fix, snippet = (f"Give the evaluation DataLoader batch_size={target} (or the largest that fits: "
-                        "`diag memory`).", f"val_loader = DataLoader(val_set, batch_size={target}, shuffle=False)")
+    fw = framework_of(ev)
+    numbers.update(framework=fw)
+    if loaders or fw in ("transformers", "lightning"):
+        # the knob's words (diag/knobs.py); a Trainer builds the evaluation loader itself, Lightning
+        # iterates the one val_dataloader() returns
+        fix, snippet, _ = knob_words("eval.batch", fw, n=target)
+        numbers.update(knob="eval.batch")
     else:
         fix, snippet = (f"Build the evaluation batches with {target} samples where the evaluation loop makes "
                         "them (the batches are not from a DataLoader here; a get_batch-style helper can take the "
                         "batch size as an argument), or the largest that fits: `diag memory`.", None)
-    # a Trainer builds the evaluation loader itself: its own argument is the knob
-    fix, snippet = knob(framework_of(ev), "eval_batch_size", n=target) or (fix, snippet)
     yield ctx.finding(
         severity=Severity.WARNING,
         message=f"Evaluation ran {tp['steps']} batches of {batch} sample(s)"

@@ -155,6 +155,13 @@ def optim_zero_grad(ctx):
                "grad_bytes_kept": grad_bytes, "optimizers": [o.cls for o in bad_opts],
                "module_zero_grad_calls": bad_mod}
     sev = Severity.WARNING if share is not None and share >= ZERO_GRAD_WARN_SHARE else Severity.INFO
+    fw = framework_of(ev)
+    fix, snippet, lever = knob_words("optim.set-to-none", fw)
+    numbers.update(framework=fw, knob="optim.set-to-none")
+    if not lever:
+        # the framework zeroes the gradients itself, set_to_none by default: no setting to turn, and the
+        # call may be code of the user's or not (the fix says where to look; never an order to change code)
+        sev = Severity.INFO
     who = f"{bad_opts[0].cls}.zero_grad(set_to_none=False)" if bad_opts else "model.zero_grad(set_to_none=False)"
     cost = (f"; zeroing takes {ms(per_call)} per call ({pct(share)} of the {ms(step_s)} step)"
             if share is not None else "")
@@ -165,8 +172,7 @@ def optim_zero_grad(ctx):
         evidence=numbers,
         why="Setting .grad to None skips the memset, lets backward assign instead of accumulate (fewer "
             "memory operations), and frees gradient memory until backward needs it again.",
-        fix="Call zero_grad() with its default set_to_none=True (or set param.grad = None).",
-        snippet="optimizer.zero_grad()   # set_to_none=True is the default since PyTorch 2.0",
+        fix=fix, snippet=snippet,
         location=loc(mz.get("location")) if bad_mod and not bad_opts else None,
     )
 
@@ -198,7 +204,9 @@ def optim_foreach_fused(ctx):
     ph = r.median_step()
     share = ph["optimizer_s"] / ph["total_s"] if ph and ph["total_s"] > 0 else None
     o, i = max(cuda, key=lambda x: x[0].steps)
-    numbers = {"optimizer": o.cls, "foreach": i.get("foreach"), "fused": i.get("fused"),
+    fw = framework_of(ev)
+    numbers = {"framework": fw, "knob": "optim.fused",
+               "optimizer": o.cls, "foreach": i.get("foreach"), "fused": i.get("fused"),
                "effective_foreach": i.get("effective_foreach"), "effective_fused": i.get("effective_fused"),
                "supports_foreach": i.get("supports_foreach"), "supports_fused": i.get("supports_fused"),
                "params": i.get("params"), "optimizer_share": round(share, 4) if share is not None else None,
@@ -212,8 +220,7 @@ def optim_foreach_fused(ctx):
                 severity=Severity.INFO, title="Optimizer could use fused kernels",
                 message=f"{o.cls} uses the foreach implementation and its step takes {pct(share)} of the step "
                         f"time; fused=True runs the whole update in one kernel per parameter group.",
-                evidence=numbers, fix=f"Construct {o.cls} with fused=True.",
-                snippet=f"opt = torch.optim.{o.cls}(model.parameters(), lr=..., fused=True)")
+                evidence=numbers, **_fused_words(fw, o.cls, "fused=True"))
             return
         yield ctx.passed(f"{o.cls} uses the foreach (multi-tensor) implementation.",
                      **numbers, title="Multi-tensor optimizer")
@@ -232,9 +239,25 @@ def optim_foreach_fused(ctx):
         evidence=numbers,
         why="The for-loop implementation launches several small kernels per parameter; foreach batches "
             "them over all parameters and fused does the whole update in one kernel.",
-        fix=f"Construct the optimizer with {better} (or leave foreach unset: PyTorch picks foreach on CUDA).",
-        snippet=f"opt = torch.optim.{o.cls}(model.parameters(), lr=..., {better})",
+        **_fused_words(fw, o.cls, better, foreach_note=True),
     )
+
+
+def _fused_words(fw, cls, better, foreach_note=False) -> dict:
+    """fix and snippet of optim.fused (diag/knobs.py) in ``fw``'s words. The Trainer's optim string
+    names a fused kernel for AdamW only: another class under the Trainer was built by the user (or by
+    an optim string with no fused variant), so the plain words apply, said so."""
+    if fw == "transformers" and cls != "AdamW":
+        fix, snippet, _ = knob_words("optim.fused", None, cls=cls, better=better)
+        fix = (f"TrainingArguments(optim=...) has a fused variant for AdamW only (\"adamw_torch_fused\"): "
+               f"construct the {cls} you pass in Trainer(optimizers=(opt, scheduler)) with {better}.")
+        snippet = (f"opt = torch.optim.{cls}(model.parameters(), lr=..., {better})\n"
+                   "trainer = Trainer(..., optimizers=(opt, None))")
+    else:
+        fix, snippet, _ = knob_words("optim.fused", fw, cls=cls, better=better)
+    if foreach_note and fw != "transformers":
+        fix += " (Or leave foreach unset: PyTorch picks foreach on CUDA.)"
+    return {"fix": fix, "snippet": snippet}
 
 
 @check(id="debug.anomaly-detection", title="Debugging tools left on", severity="warning",
@@ -345,7 +368,9 @@ def compile_unused(ctx):
                 f"~{breakeven:,} steps (basis: PyTorch 2.0's mean training speed-up over 163 models on an A100, "
                 "an average, not a bound for this model: measure it)"
                 if breakeven else "the step has no forward/backward time to speed up")
-    spoken = knob(framework_of(ctx.evidence), "compile")
+    fw = framework_of(ev)
+    fix, snippet, _ = knob_words("compile", fw)
+    numbers.update(framework=fw, knob="compile")
     yield ctx.finding(
         severity=Severity.INFO,
         message=f"The model is not compiled. torch.compile pays off when forward+backward dominate the step "
@@ -353,9 +378,5 @@ def compile_unused(ctx):
         evidence=numbers,
         why="torch.compile fuses element-wise ops and cuts Python and kernel-launch overhead; compilation "
             "itself takes from seconds to minutes and recompiles on new input shapes.",
-        fix=spoken[0] if spoken else
-            "Try model = torch.compile(model) on a long run once the data pipeline keeps up; compare step "
-            "times after the first (compiling) steps.",
-        snippet=spoken[1] if spoken else
-            "model = torch.compile(model)   # or model.compile(); mode=\"max-autotune\" for long runs",
+        fix=fix, snippet=snippet,
     )

@@ -139,46 +139,63 @@ _KNOBS = [
          "num_workers set on the training DataLoader",
          ("dataloader.workers", "gpu.low-utilization", "gpu.idle"), {
              "torch": Spelling("Give the DataLoader num_workers={n}.",
-                               "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n})"),
+                               "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n},\n"
+                               "                    persistent_workers=True)"),
              "transformers": Spelling("The Trainer builds the DataLoader: set TrainingArguments("
                                       "dataloader_num_workers={n}).",
-                                      "args = TrainingArguments(..., dataloader_num_workers={n})"),
+                                      "args = TrainingArguments(..., dataloader_num_workers={n}, "
+                                      "dataloader_persistent_workers=True)"),
              "lightning": Spelling("Lightning iterates the DataLoader your LightningModule / LightningDataModule "
                                    "returns: build it with num_workers={n} in train_dataloader().",
                                    "def train_dataloader(self):\n    return DataLoader(self.train_set, "
-                                   "batch_size={batch_size}, num_workers={n})"),
+                                   "batch_size={batch_size}, num_workers={n}, persistent_workers=True)"),
              "accelerate": Spelling("Accelerate keeps the DataLoader you pass to accelerator.prepare(): build it "
                                     "with num_workers={n}.",
-                                    "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n})\n"
+                                    "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n}, "
+                                    "persistent_workers=True)\n"
                                     "model, opt, loader = accelerator.prepare(model, opt, loader)"),
          }),
     Knob("dataloader.pin-memory", "pinned host memory for batches",
          "CUDA training whose batches are copied from pageable memory",
          "pin_memory=True on the training DataLoader",
          ("dataloader.pin-memory", "gpu.idle"), {
-             "torch": Spelling("Build the DataLoader with pin_memory=True and copy with non_blocking=True.",
-                               "loader = DataLoader(dataset, batch_size=..., pin_memory=True)\n"
-                               "x = x.to('cuda', non_blocking=True)"),
-             "transformers": Spelling("Set TrainingArguments(dataloader_pin_memory=True) (the default).",
+             "torch": Spelling("Let the DataLoader pin batches (pin_memory=True) and copy them with "
+                               "non_blocking=True; for tensors built by hand, call .pin_memory() before the copy.",
+                               "loader = DataLoader(dataset, batch_size=..., num_workers=4, pin_memory=True)\n"
+                               "for x, y in loader:\n    x = x.to(device, non_blocking=True)\n"
+                               "    y = y.to(device, non_blocking=True)"),
+             "transformers": Spelling("The Trainer builds the DataLoader and pins it unless told not to: set "
+                                      "TrainingArguments(dataloader_pin_memory=True) (the default; remove a "
+                                      "dataloader_pin_memory=False).",
                                       "args = TrainingArguments(..., dataloader_pin_memory=True)"),
-             "lightning": Spelling("Return the DataLoader with pin_memory=True from train_dataloader().",
-                                   "return DataLoader(..., pin_memory=True)"),
-             "accelerate": Spelling("Build the DataLoader you pass to accelerator.prepare() with pin_memory=True.",
-                                    "loader = DataLoader(dataset, batch_size=..., pin_memory=True)"),
+             "lightning": Spelling("Lightning iterates the DataLoader your train_dataloader() returns (and moves "
+                                   "its batches to the GPU itself): build it with pin_memory=True.",
+                                   "def train_dataloader(self):\n    return DataLoader(self.train_set, "
+                                   "batch_size=..., num_workers=4, pin_memory=True)"),
+             "accelerate": Spelling("Build the DataLoader you pass to accelerator.prepare() with pin_memory=True "
+                                    "(the prepared loader moves the batches to the GPU).",
+                                    "loader = DataLoader(dataset, batch_size=..., pin_memory=True)\n"
+                                    "model, opt, loader = accelerator.prepare(model, opt, loader)"),
          }),
     Knob("dataloader.persistent-workers", "DataLoader workers kept across epochs",
          "a DataLoader with workers that restarts them every epoch",
          "persistent_workers=True on the training DataLoader",
          ("dataloader.persistent-workers",), {
-             "torch": Spelling("Build the DataLoader with persistent_workers=True.",
-                               "loader = DataLoader(dataset, num_workers=N, persistent_workers=True)"),
-             "transformers": Spelling("Set TrainingArguments(dataloader_persistent_workers=True).",
-                                      "args = TrainingArguments(..., dataloader_persistent_workers=True)"),
-             "lightning": Spelling("Return the DataLoader with persistent_workers=True from train_dataloader().",
-                                   "return DataLoader(..., num_workers=N, persistent_workers=True)"),
+             "torch": Spelling("Keep the workers alive between epochs with persistent_workers=True.",
+                               "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n},\n"
+                               "                    persistent_workers=True)"),
+             "transformers": Spelling("The Trainer builds the DataLoader (a new iterator every epoch): set "
+                                      "TrainingArguments(dataloader_persistent_workers=True).",
+                                      "args = TrainingArguments(..., dataloader_num_workers={n}, "
+                                      "dataloader_persistent_workers=True)"),
+             "lightning": Spelling("Lightning iterates the DataLoader your train_dataloader() returns: build it "
+                                   "with persistent_workers=True.",
+                                   "def train_dataloader(self):\n    return DataLoader(self.train_set, "
+                                   "batch_size={batch_size}, num_workers={n}, persistent_workers=True)"),
              "accelerate": Spelling("Build the DataLoader you pass to accelerator.prepare() with "
                                     "persistent_workers=True.",
-                                    "loader = DataLoader(dataset, num_workers=N, persistent_workers=True)"),
+                                    "loader = DataLoader(dataset, batch_size={batch_size}, num_workers={n}, "
+                                    "persistent_workers=True)"),
          }),
     Knob("cudnn.benchmark", "cuDNN auto-tuner",
          "a model with real convolutions (nn.ConvNd) trained on CUDA with fixed input shapes",
@@ -201,7 +218,8 @@ _KNOBS = [
              "torch": Spelling("Call zero_grad() with its default set_to_none=True (or set param.grad = None).",
                                "optimizer.zero_grad()   # set_to_none=True is the default since PyTorch 2.0"),
              "transformers": NO_LEVER("The Trainer zeroes the gradients itself (model.zero_grad(), set_to_none by "
-                                      "default); a set_to_none=False comes from a callback or a subclass of yours."),
+                                      "default) and has no setting for it: a set_to_none=False comes from code of yours (a callback, a Trainer "
+                                      "subclass, an optimizer wrapper); if there is none, nothing to change."),
              "lightning": Spelling("Lightning calls optimizer.zero_grad() itself: if you override "
                                    "optimizer_zero_grad, call zero_grad(set_to_none=True) there.",
                                    "def optimizer_zero_grad(self, epoch, batch_idx, optimizer):\n"
@@ -213,15 +231,17 @@ _KNOBS = [
          "an optimizer over CUDA parameters on its for-loop (or foreach) implementation where fused exists",
          "fused=True passed to the optimizer's constructor",
          ("optim.foreach-fused",), {
-             "torch": Spelling("Construct the optimizer with {better}.",
+             "torch": Spelling("Construct {cls} with {better}.",
                                "opt = torch.optim.{cls}(model.parameters(), lr=..., {better})"),
              "transformers": Spelling('The Trainer builds the optimizer: set TrainingArguments(optim='
-                                      '"adamw_torch_fused").',
+                                      '"adamw_torch_fused") (AdamW, fused; an optimizer you pass in '
+                                      'Trainer(optimizers=(opt, scheduler)) you construct with {better} yourself).',
                                       'args = TrainingArguments(..., optim="adamw_torch_fused")'),
-             "lightning": Spelling("Return the optimizer built with {better} from configure_optimizers().",
+             "lightning": Spelling("Lightning steps the optimizer your configure_optimizers() returns: construct "
+                                   "{cls} there with {better}.",
                                    "def configure_optimizers(self):\n"
                                    "    return torch.optim.{cls}(self.parameters(), lr=..., {better})"),
-             "accelerate": Spelling("Construct the optimizer you pass to accelerator.prepare() with {better}.",
+             "accelerate": Spelling("Construct the {cls} you pass to accelerator.prepare() with {better}.",
                                     "opt = torch.optim.{cls}(model.parameters(), lr=..., {better})"),
          }),
     Knob("compile", "torch.compile",
