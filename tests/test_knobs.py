@@ -233,3 +233,179 @@ def test_corpus_lightning_fixes_speak_the_lightning_trainer(lightning_evidence):
     assert 'precision="bf16-mixed"' in a.snippet and "torch.autocast" not in a.snippet
     assert "torch.set_float32_matmul_precision" in t.snippet and "no TF32 argument" in t.fix
     assert "trainer.fit(model" in c.snippet
+
+
+# ---- the data pipeline, the optimizer, evaluation batches and compile: the same table -------------------
+
+from diag.evidence import DataLoaderInfo, OptimizerInfo  # noqa: E402
+from diag.testing import EvidenceBuilder  # noqa: E402
+
+from test_eval_checks import _eval_run  # noqa: E402
+
+FWS = [None, "transformers", "lightning", "accelerate"]
+
+
+def _fw(ev, fw):
+    return with_framework(ev, fw) if fw else ev
+
+
+def _loader(**kw):
+    d = dict(id=1, num_workers=0, pin_memory=False, batch_size=64, batches=20, epochs=1,
+             location={"file": "/home/u/train.py", "line": 60, "function": "main"})
+    d.update(kw)
+    return [DataLoaderInfo(**d)]
+
+
+@pytest.mark.parametrize("fw, text, absent", [
+    (None, "pin_memory=True", "TrainingArguments"),
+    ("transformers", "TrainingArguments(dataloader_pin_memory=True)", "DataLoader("),
+    ("lightning", "train_dataloader()", "TrainingArguments"),
+    ("accelerate", "accelerator.prepare()", "TrainingArguments"),
+])
+def test_pin_memory_speaks_the_framework(fw, text, absent):
+    (f,) = run("dataloader.pin-memory", _fw(cuda_run(loaders=_loader(num_workers=8)), fw))
+    assert f.severity is Severity.WARNING and text in f.fix + f.snippet and absent not in f.snippet
+    assert f.evidence["framework"] == fw and f.evidence["knob"] == "dataloader.pin-memory"
+    assert f.location.line == 60
+    if fw is None:
+        assert "non_blocking=True" in f.snippet and ".pin_memory()" in f.fix
+
+
+def test_pin_memory_under_a_framework_with_pinned_loaders_points_at_the_scripts_own_copies():
+    copies = {"h2d_copies": 40, "h2d_bytes": 20 * 1000, "non_blocking_pageable": 20, "non_blocking_pinned": 0,
+              "steps": 20, "sites": [{"file": "/home/u/train.py", "line": 77, "function": "training_step"}]}
+    ev = with_framework(cuda_run(loaders=_loader(num_workers=8, pin_memory=True), extras={"copies": copies}),
+                        "lightning")
+    (f,) = run("dataloader.pin-memory", ev)
+    assert ".pin_memory()" in f.fix and "train_dataloader" not in f.fix and f.location.line == 77
+
+
+def _respawning(fw):
+    from test_checks_perf_unit import cpu_run
+    firsts = (0.09, 0.08, 0.085, 0.08)
+    d = DataLoaderInfo(id=1, num_workers=2, persistent_workers=False, batch_size=32, epochs=4, batches=40,
+                       first_batch_s=list(firsts), wait_s=sum(firsts) + 0.036,
+                       location={"file": "/w/train.py", "line": 12, "function": "main"})
+    return _fw(cpu_run(loaders=[d]), fw)
+
+
+@pytest.mark.parametrize("fw, text", [
+    (None, "DataLoader(dataset, batch_size=32, num_workers=2,\n                    persistent_workers=True)"),
+    ("transformers", "TrainingArguments(..., dataloader_num_workers=2, dataloader_persistent_workers=True)"),
+    ("lightning", "def train_dataloader(self):"),
+    ("accelerate", "DataLoader(dataset, batch_size=32, num_workers=2, persistent_workers=True)"),
+])
+def test_persistent_workers_speaks_the_framework(fw, text):
+    (f,) = run("dataloader.persistent-workers", _respawning(fw))
+    assert f.severity is Severity.WARNING and text in f.snippet and "N" not in f.snippet.split("(")[-1]
+    assert f.evidence["knob"] == "dataloader.persistent-workers" and f.evidence["framework"] == fw
+    if fw == "transformers":
+        assert "TrainingArguments(dataloader_persistent_workers=True)" in f.fix and "DataLoader(" not in f.snippet
+    if fw == "lightning":
+        assert "persistent_workers=True" in f.snippet and "train_dataloader()" in f.fix
+
+
+def _waiting(fw, cuda=True):
+    b = EvidenceBuilder().environment(cpu_count=8)
+    b = (b.cuda_training() if cuda else b.model()).steps(10, total_s=0.1, data_s=0.05)
+    b.dataloader(num_workers=0, batch_size=32, role="train", batches=10, wait_s=0.5)
+    return _fw(b.build(), fw)
+
+
+@pytest.mark.parametrize("fw, fix_text, snippet_text", [
+    (None, "Give the DataLoader num_workers=", "num_workers=2, pin_memory=True,\n                    persistent_workers=True)"),
+    ("transformers", "TrainingArguments(dataloader_num_workers=",
+     "dataloader_pin_memory=True, dataloader_persistent_workers=True)"),
+    ("lightning", "in train_dataloader()", "pin_memory=True, persistent_workers=True)"),
+    ("accelerate", "accelerator.prepare()", "pin_memory=True, persistent_workers=True)"),
+])
+def test_workers_speak_the_framework_and_keep_the_prediction(fw, fix_text, snippet_text):
+    (f,) = run("dataloader.workers", _waiting(fw))
+    assert fix_text in f.fix and snippet_text in f.snippet
+    assert "should drop from" in f.fix and "usable CPUs" in f.fix and f.evidence["predicted_step_s"]
+    assert f.evidence["knob"] == "dataloader.workers" and f.evidence["framework"] == fw
+    if fw == "transformers":
+        assert "DataLoader(" not in f.snippet
+
+
+def test_workers_on_a_cpu_run_name_no_pinning_in_any_framework():
+    for fw in FWS:
+        (f,) = run("dataloader.workers", _waiting(fw, cuda=False))
+        assert "pin_memory" not in f.snippet, fw
+
+
+def _zeroing(fw):
+    opts = [OptimizerInfo(id=1, cls="AdamW", steps=20, zero_grad_calls=20, zero_grad_set_to_none=False,
+                          zero_grad_s=20 * 0.002)]
+    return _fw(cuda_run(optimizers=opts), fw)
+
+
+@pytest.mark.parametrize("fw, text", [
+    (None, "optimizer.zero_grad()"),
+    ("lightning", "def optimizer_zero_grad(self, epoch, batch_idx, optimizer):"),
+    ("accelerate", "optimizer.zero_grad()"),
+])
+def test_zero_grad_speaks_the_framework(fw, text):
+    (f,) = run("optim.zero-grad", _zeroing(fw))
+    assert f.severity is Severity.WARNING and text in f.snippet
+    assert f.evidence["knob"] == "optim.set-to-none" and f.evidence["framework"] == fw
+
+
+def test_zero_grad_under_the_trainer_says_there_is_no_setting_and_orders_nothing():
+    (f,) = run("optim.zero-grad", _zeroing("transformers"))
+    assert f.severity is Severity.INFO and f.snippet is None
+    assert "no setting" in f.fix and "code of yours" in f.fix and "nothing to change" in f.fix
+
+
+def _forloop(fw, cls="AdamW", **kw):
+    from test_checks_perf_cuda import _opt_extras
+    rec = dict(foreach=False, effective_foreach=False, cls=cls)
+    rec.update(kw)
+    return _fw(cuda_run(opt=0.01, extras=_opt_extras(**rec),
+                        optimizers=[OptimizerInfo(id=1, cls=cls, steps=20, zero_grad_calls=20,
+                                                  zero_grad_set_to_none=True)]), fw)
+
+
+@pytest.mark.parametrize("fw, text", [
+    (None, "opt = torch.optim.AdamW(model.parameters(), lr=..., fused=True)"),
+    ("transformers", 'TrainingArguments(..., optim="adamw_torch_fused")'),
+    ("lightning", "def configure_optimizers(self):"),
+    ("accelerate", "opt = torch.optim.AdamW(model.parameters(), lr=..., fused=True)"),
+])
+def test_fused_speaks_the_framework(fw, text):
+    (f,) = run("optim.foreach-fused", _forloop(fw))
+    assert f.severity is Severity.WARNING and text in f.snippet
+    assert f.evidence["knob"] == "optim.fused" and f.evidence["framework"] == fw
+    (h,) = run("optim.foreach-fused", _fw(cuda_run(opt=0.02, extras=__import__("test_checks_perf_cuda")
+                                                   ._opt_extras()), fw))
+    assert h.severity is Severity.INFO and text in h.snippet
+
+
+def test_fused_under_the_trainer_for_another_class_is_not_the_adamw_string():
+    (f,) = run("optim.foreach-fused", _forloop("transformers", cls="SGD"))
+    assert "adamw_torch_fused" not in f.snippet and "torch.optim.SGD(" in f.snippet
+    assert "optimizers=(opt, None)" in f.snippet and "AdamW only" in f.fix
+
+
+@pytest.mark.parametrize("fw, text", [
+    (None, "val_loader = DataLoader(val_set, batch_size=64, shuffle=False)"),
+    ("transformers", "TrainingArguments(..., per_device_eval_batch_size=64)"),
+    ("lightning", "def val_dataloader(self):"),
+    ("accelerate", "val_loader = DataLoader(val_set, batch_size=64)"),
+])
+def test_eval_small_batch_speaks_the_framework(fw, text):
+    (f,) = run("eval.small-batch", _fw(_eval_run().eval_steps(64, total_s=0.002, samples=8).build(), fw))
+    assert f.severity is Severity.WARNING and text in f.snippet
+    assert f.evidence["knob"] == "eval.batch" and f.evidence["framework"] == fw
+
+
+@pytest.mark.parametrize("fw, text", [
+    (None, "model = torch.compile(model)"),
+    ("transformers", "TrainingArguments(..., torch_compile=True)"),
+    ("lightning", "trainer.fit(model, train_loader)"),
+    ("accelerate", 'Accelerator(dynamo_backend="inductor")'),
+])
+def test_compile_unused_speaks_the_framework(fw, text):
+    (f,) = run("compile.unused", _fw(cuda_run(), fw))
+    assert f.severity is Severity.INFO and text in f.snippet
+    assert f.evidence["knob"] == "compile" and f.evidence["framework"] == fw
