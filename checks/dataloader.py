@@ -198,8 +198,8 @@ def dataloader_workers(ctx):
         snippet = None
     else:
         # the knob's words in the run's framework (diag/knobs.py), then the prediction
-        lead, snippet, _ = words(ev, "dataloader.workers", n=rec, batch_size=loader.batch_size)
-        numbers["knob"] = "dataloader.workers"
+        lead, snippet, _ = words(ev, ctx.id, n=rec, batch_size=loader.batch_size)   # the knob has the check's id
+        numbers["knob"] = ctx.id
         fix = (f"Load batches in background worker processes. {lead} This machine has {cpus} usable CPUs; each "
                f"batch takes {ms(f)} to produce and the model needs one every {ms(compute)}"
                + (f", so the step should drop from {ms(wait + compute)} to about {ms(predicted)}."
