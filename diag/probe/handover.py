@@ -32,6 +32,9 @@ import weakref
 
 from diag.probe.hooks import _never, compiling_check, run_eagerly
 from diag.probe.marks import ProbeHook, lift_module_hooks, put_back
+from diag.probe.quiet import add_filter, remove_filter
+
+_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 _compiling = _never           # torch.compiler.is_dynamo_compiling once installed (hooks.compiling_check)
 
@@ -99,6 +102,7 @@ class HandOver:
         self.steps = 0
         self.windows: list[tuple[int, str]] = []    # (step, reason) of each window opened
         self.handovers = 0
+        self._warn_filter = None
         self._lifted = 0                            # inside a call that compiles or traces a module (marks.Lifted)
 
     # ---- install ------------------------------------------------------------------------------------
@@ -165,6 +169,7 @@ class HandOver:
             a.remove()
             b.remove()
         self._hooked.clear()
+        self._unfilter()
 
     # ---- the two routes -----------------------------------------------------------------------------
     def _mine(self, module) -> bool:
@@ -274,9 +279,12 @@ class HandOver:
         self._window_forwards = 0
         self._reason = reason
         self.windows.append((self.steps, reason))
-        # torch.compile warns when a compiled module is called under global hooks: quiet.py filters
-        # that message for the probe's lifetime (a filter added here per window emptied every
-        # module's warning registry: the script's warnings were shown again)
+        # torch.compile warns when a compiled module is called under global hooks: they are diag's, for
+        # this window only. quiet.py filters that message for the probe's lifetime; this entry, first in
+        # the list, also holds against a filter the script added since (simplefilter("always")). Added
+        # and removed without a version bump (quiet.add_filter: warnings.filterwarnings emptied every
+        # module's registry, and the script's warnings were shown again)
+        self._warn_filter = add_filter("ignore", _COMPILE_WARNING)
         self._add_globals()
 
     def _add_globals(self) -> None:
@@ -311,6 +319,7 @@ class HandOver:
             remove_global_hook(h)
         self._global.clear()
         self.discovering = False
+        self._unfilter()
         self.handovers += 1
         new = 0
         fresh, self._new = self._new, []
@@ -339,6 +348,11 @@ class HandOver:
         if s >= PERIODIC_FIRST and ((s & (s - 1)) == 0 if s <= PERIODIC_CAP else s % PERIODIC_CAP == 0):
             self.request("periodic")
         return in_window
+
+    def _unfilter(self) -> None:
+        f, self._warn_filter = self._warn_filter, None
+        if f is not None:
+            remove_filter(f)
 
     def _hook(self, module) -> int:
         import torch

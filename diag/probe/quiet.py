@@ -66,12 +66,20 @@ def _user_frame():
 def relocated_warnings():
     """Run the body recording its warnings; re-issue each one, those that name a file of diag at
     the user's calling line instead."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            pending = list(caught)
+    # warnings.catch_warnings would bump the filters' version on the way out (every module's registry
+    # emptied: Lightning's set_detect_anomaly at each fit() made a warning the script had shown once
+    # show again); the same recording, without that: an `always` entry (add_filter) and a recorder
+    caught: list = []
+    entry = add_filter("always", "")
+    saved = (warnings.showwarning, warnings._showwarnmsg_impl)      # type: ignore[attr-defined]
+    warnings.showwarning = warnings._showwarning_orig               # type: ignore[attr-defined]
+    warnings._showwarnmsg_impl = caught.append                      # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        warnings.showwarning, warnings._showwarnmsg_impl = saved    # type: ignore[attr-defined]
+        remove_filter(entry)
+        pending = list(caught)
     if not pending:
         return
     user = _user_frame()
