@@ -7,8 +7,9 @@ writes beside ``__file__`` or in its working directory writes there):
 * **exit code** — the bare process's, against the script's own as diag recorded it (``run.exit_code``;
   diag's exit code is its verdict, not the script's);
 * **output** — the script's stdout and stderr (bare: as the process wrote them; under diag: the run's
-  ``log.txt``, which holds only the script's own output), with timing numbers, progress bars, addresses
-  and the folder names masked (:func:`mask`);
+  ``log.txt``, which holds only the script's own output), with timing numbers, progress bars, addresses,
+  library frames of a traceback and the folder names masked (:func:`mask`): the same lines, and each
+  stream's lines in the same order (log.txt is filled from two pipes);
 * **files** — the same set of new files; a checkpoint (``.pt .pth .pkl .ckpt .bin``) is loaded in a
   fresh interpreter **where diag cannot be imported** (:data:`LOAD_WITHOUT_DIAG`) with
   ``weights_only=True`` where the bare file loads that way, and its tensors are compared bit for bit
@@ -176,6 +177,7 @@ class Side:
     losses: dict           # file name -> list of hex floats
     folder: Path
     detail: str = ""
+    streams: tuple = ()    # bare: (stdout, stderr) apart
 
 
 def _collect(work: Path, before: set, losses: Path) -> tuple[dict, dict]:
@@ -192,10 +194,10 @@ def run_bare(case: Case, top: Path) -> Side:
     work, losses, script = _prepare(case, top, "bare")
     before = {p.relative_to(work).as_posix() for p in work.rglob("*")}
     p = subprocess.run([*_launcher(case), str(script), *case.args], cwd=work, env=_env(losses),
-                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, errors="replace", timeout=case.timeout)
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                       timeout=case.timeout)
     files, got = _collect(work, before, losses)
-    return Side(p.returncode, p.stdout, files, got, work)
+    return Side(p.returncode, p.stdout + p.stderr, files, got, work, streams=(p.stdout, p.stderr))
 
 
 def run_diag(case: Case, top: Path) -> Side:
@@ -284,9 +286,18 @@ def compare(case: Case, bare: Side, under: Side) -> list[str]:
     diffs = []
     if bare.exit_code != under.exit_code:
         diffs.append(f"exit code {bare.exit_code} bare, {under.exit_code} under diag ({under.detail})")
-    a = mask(bare.output, str(bare.folder), str(bare.folder.parent))
+    # diag reads the script's stdout and stderr through two pipes into one log.txt: a line of one
+    # stream and a line of the other written a moment apart can swap places there (a terminal shows
+    # them as they come). So: the same lines, and each stream's lines in their own order.
+    folders = (str(bare.folder), str(bare.folder.parent))
     b = mask(under.output, str(under.folder), str(under.folder.parent))
-    if a != b:
+    a = "\n".join(sorted(mask(bare.output, *folders).splitlines()))
+    same = a == "\n".join(sorted(b.splitlines()))
+    for stream in bare.streams:
+        lines, it = mask(stream, *folders).splitlines(), iter(b.splitlines())
+        same = same and all(any(x == y for y in it) for x in lines)   # a subsequence, in order
+    if not same:
+        a = mask(bare.output, *folders)
         import difflib
 
         d = "\n".join(list(difflib.unified_diff(a.splitlines(), b.splitlines(), "bare", "diag", lineterm=""))[:40])
