@@ -114,10 +114,15 @@ def main() -> int:
         else:
             code = 1
             info = exception_info(e, probe.steps_done, script)
-            if not os.environ.get("DIAG_DEFER_TRACEBACK"):   # under torchrun diag shows the first failure once
-                sys.stderr.write(info["traceback"])
-                sys.stderr.flush()
+            # recorded first: a script that closed its stderr (fd 2) must not lose its own exception
+            # from the evidence to the failing write of its traceback (issue 27, class 15)
             probe.finish("oom" if is_oom(e) else "failed", code, exception=e)
+            if not os.environ.get("DIAG_DEFER_TRACEBACK"):   # under torchrun diag shows the first failure once
+                try:
+                    sys.stderr.write(info["traceback"])
+                    sys.stderr.flush()
+                except Exception:
+                    pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         probe.uninstall()

@@ -536,6 +536,24 @@ class Probe(StepRules):
                 _orig(code)
 
             self._patch(os, "_exit", _exit)
+
+            # os.exec* replaces the process image: the waiting steps are written first (issue 27,
+            # class 18); os.execl/execlp/execvp/execvpe all end in one of these two
+            def _execer(orig_exec):
+                def exec_(*args, _orig=orig_exec, _flush=flush):
+                    try:
+                        _flush()
+                    except BaseException:
+                        pass
+                    return _orig(*args)
+                exec_.__wrapped__ = orig_exec
+                exec_.__name__ = orig_exec.__name__
+                exec_.__doc__ = orig_exec.__doc__
+                return exec_
+
+            for name in ("execv", "execve"):
+                if callable(getattr(os, name, None)):
+                    self._patch(os, name, _execer(getattr(os, name)))
         try:
             self._install_manual_update(torch)   # diag.probe.steps: the update of a loop without torch.optim
         except Exception as e:
