@@ -1165,7 +1165,7 @@ class Probe(StepRules):
 
     def _emit_loaders(self) -> None:
         for info in self._loaders.values():
-            self.emit("dataloader", **info)
+            self.emit("dataloader", **_loader_event(info))
 
     def _emit_optimizers(self) -> None:
         for info in self._optimizers.values():
@@ -1269,6 +1269,14 @@ class Probe(StepRules):
 
 
 _ns = time.perf_counter_ns
+
+
+def _loader_event(info: dict) -> dict:
+    """A loader's record as of now: the sink may encode it later (``dataloader`` events are deferred,
+    diag.probe.sink), so the list the probe keeps appending to is copied."""
+    out = dict(info)
+    out["first_batch_s"] = list(info.get("first_batch_s") or ())
+    return out
 
 
 def _calibrate() -> tuple[float, float, float]:

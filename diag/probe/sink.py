@@ -12,15 +12,17 @@ from typing import Any
 
 FLUSH_S = 0.2          # step events wait at most this long before they are written
 # the per-step events: the step itself and the extensions' per-step records (``memory.steps``,
-# ``timeline.steps``), all handed to the writer thread
-DEFERRED = frozenset({"step", "append"})
+# ``timeline.steps``), all handed to the writer thread; and the per-pass ``dataloader`` record (each
+# epoch or evaluation pass: written in place it also encoded every waiting step event on the step's
+# thread, ~80 µs a step on a loader of 8 batches, issue 28)
+DEFERRED = frozenset({"step", "append", "dataloader"})
 
 
 class FileSink:
     """One JSON object per line.
 
-    Every event but the per-step ones (:data:`DEFERRED`: ``step``, and the ``append`` of an
-    extension's per-step record) is written (and reaches the file) before the call returns. The
+    Every event but the per-step and per-pass ones (:data:`DEFERRED`: ``step``, the ``append`` of an
+    extension's per-step record, a loader's ``dataloader`` record) is written (and reaches the file) before the call returns. The
     per-step events are handed to a writer thread that encodes and writes them at most
     :data:`FLUSH_S` later (issue 20: encoding and writing a line on the step's own thread cost ~80 µs
     of a step, most of it cold caches after the step's work; on an H200 the memory and timeline
