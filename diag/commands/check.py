@@ -61,7 +61,10 @@ def add_arguments(p) -> None:
     b.add_argument("--max-regression", action="append", metavar="PCT|METRIC=PCT,...",
                    help="with --baseline: largest tolerated regression, 5%% or step=5%%,memory=10%% (default 5%%)")
     b.add_argument("--force", action="store_true",
-                   help="with --baseline: compare even when script, batch, world size or device differ")
+                   help="with --baseline: compare even when run kind, batch, world size or device differ")
+    b.add_argument("--min-runs", type=int, default=None, metavar="N",
+                   help="with --baseline: gate timing metrics from one run per side with 1 (default: "
+                        "reported, not gated: one run says nothing of run-to-run noise)")
 
 
 def _split(values: list[str]) -> list[str]:
@@ -269,7 +272,7 @@ def run(args) -> int:
             raise DiagError("--baseline reports in text, json, junit or html; SARIF holds findings only")
         thresholds = parse_thresholds(args.max_regression)
         baseline = extract.load(args.baseline, select=_split(args.select), ignore=_split(args.ignore))
-    elif getattr(args, "max_regression", None) or getattr(args, "force", False):
+    elif getattr(args, "max_regression", None) or getattr(args, "force", False) or getattr(args, "min_runs", None):
         raise DiagError("--max-regression and --force only apply with --baseline FILE")
     evidence, findings = execute(args)
     code = exit_code_for(evidence, findings, args.fail_on)
@@ -292,7 +295,8 @@ def _compare(args, baseline, evidence, findings, code, thresholds):
 
     new = extract.from_evidence(evidence, findings, evidence.run.run_dir or "this run")
     try:
-        comparison = compare([baseline], [new], thresholds=thresholds, force=args.force)
+        kw = {"min_runs": args.min_runs} if getattr(args, "min_runs", None) else {}
+        comparison = compare([baseline], [new], thresholds=thresholds, force=args.force, **kw)
     except DiagError as e:
         sys.stderr.write(f"diag: cannot compare with the baseline: {e.message}\n")
         return None, _worse(code, ExitCode.USAGE)

@@ -29,6 +29,9 @@ examples:
 thresholds: step, throughput, memory, mfu (set by a bare --max-regression, default 5%); data-wait,
 first-step and the phases (data, forward, backward, optimizer, other) only when named.
 
+one run per side: timing changes are reported, not gated ("not enough runs to judge", exit 0); use --runs 3
+(scripts) or several comma-separated files per side; --min-runs 1 gates single runs on a quiet machine.
+
 exit codes: 0 no significant regression beyond a threshold · 1 a significant regression beyond one
             2 bad input, or runs that must not be compared (different scripts, batch sizes, world
               sizes or devices; --force compares them anyway) · 130 interrupted
@@ -47,7 +50,12 @@ def add_arguments(p) -> None:
                    help="confidence level of the intervals (default 0.95)")
     g.add_argument("--seed", type=int, default=0, help="bootstrap seed (results are deterministic for a seed)")
     g.add_argument("--force", action="store_true",
-                   help="compare even when scripts, batch sizes, world sizes or devices differ")
+                   help="compare even when run kinds, batch sizes, world sizes or devices differ "
+                        "(two different scripts are compared with a note: a before/after)")
+    g.add_argument("--min-runs", type=positive_int, default=2, metavar="N",
+                   help="runs per side needed to gate timing metrics (default 2): with fewer, a step-time "
+                        "change is reported, not gated, and the exit code is 0 (one run per side says "
+                        "nothing of run-to-run noise; see README, CI). Memory is gated from one run")
     g.add_argument("--select", action="append", default=[], metavar="ID",
                    help="when a side is evidence, run only these checks for the findings diff")
     g.add_argument("--ignore", action="append", default=[], metavar="ID",
@@ -154,7 +162,7 @@ def run(args) -> int:
         base = load_side(args.base, args, "baseline")
         new = load_side(args.new, args, "new run")
     c = compare(base, new, thresholds=thresholds, force=args.force, confidence=args.confidence,
-                seed=args.seed)
+                seed=args.seed, min_runs=args.min_runs)
     emit(c, args.format, args.output, args.annotations)
     return c.exit_code
 

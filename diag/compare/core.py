@@ -43,6 +43,14 @@ DEVICE_CAUSES = {"device.idle_data": "GPU idle for data", "device.idle_h2d": "GP
 THRESHOLD_KEYS = ("step", "throughput", "memory", "mfu", "data-wait", "first-step") + PHASES
 GLOBAL_KEYS = ("step", "throughput", "memory", "mfu")
 DEFAULT_MAX_REGRESSION = 0.05
+# runs per side needed to gate a timing metric: one run per side carries no measure of the run-to-run
+# variance of a shared machine (block resampling inside one run does not see it: two unchanged runs of
+# a makemore-style script read +26%, CI +10..+65%, and -21% swapped). bench/bench_compare_pairs.py
+# measures the false-alarm rate per runs-per-side on same-code pairs (README, "CI").
+DEFAULT_MIN_RUNS = 2
+# timing metrics (threshold keys): not gated with fewer runs than min_runs on a side; memory is
+# (the allocator's and the device's peaks do not vary from run to run)
+TIMING_KEYS = ("step", "throughput", "mfu", "data-wait", "first-step") + PHASES
 SCALAR_NOISE = {"allocator_peak": 0.0, "device_peak": 0.0, "persistent_memory": 0.0}
 
 _SEVERITY_RANK = {"crashed": 4, "error": 3, "warning": 2, "info": 1, "pass": 0, "skipped": -1}
@@ -94,6 +102,8 @@ class Comparison:
     thresholds: dict[str, float]
     confidence: float
     noise: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)           # how the sides were compared (scripts differ, ...)
+    unjudged: str | None = None     # why the timing metrics were not gated (too few runs per side), or None
 
     @property
     def regressions(self) -> list[MetricResult]:
@@ -126,6 +136,8 @@ class Comparison:
             text += ": " + ", ".join(f"{a['phase']} {ms(a['delta_s'])}"
                                      + (f" ({a['clock']} clock)" if a.get("clock") else "")
                                      for a in self.attribution)
+        if self.unjudged:
+            text += f" — {self.unjudged}"
         if m.verdict in ("regression", "worse"):
             # the new findings that probably explain it (error and warning first)
             causes = [f for f in self.findings.get("new", []) if f.get("severity") in ("crashed", "error", "warning")]
@@ -152,6 +164,9 @@ class Comparison:
             "differences": self.differences,
             "forced": self.forced,
             "noise": self.noise,
+            "notes": self.notes,
+            "judged": self.unjudged is None,
+            "unjudged": self.unjudged,
         }
 
 
@@ -231,9 +246,10 @@ def _fraction(text: str, whole: str) -> float:
 
 # ---- comparability --------------------------------------------------------------------------------
 
-BLOCKING = (("kind", "run kinds"), ("script_name", "scripts"), ("batch", "batch sizes"),
+# two different scripts are the everyday before/after of a fix: compared, with a note (not refused)
+BLOCKING = (("kind", "run kinds"), ("batch", "batch sizes"),
             ("world_size", "world sizes"), ("device", "devices"), ("gpu_models", "GPU models"))
-INFORMATIONAL = ("status", "torch", "cuda", "python", "hostname", "cpu_count", "torch_num_threads", "args",
+INFORMATIONAL = ("script_name", "status", "torch", "cuda", "python", "hostname", "cpu_count", "torch_num_threads", "args",
                  "simulated_gpus", "diag_version")
 
 
@@ -298,7 +314,7 @@ def _plain(v: Any) -> str:
 
 def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str, float] | None = None,
             force: bool = False, confidence: float = stats.DEFAULT_CONFIDENCE, seed: int = 0,
-            resamples: int = stats.DEFAULT_RESAMPLES) -> Comparison:
+            resamples: int = stats.DEFAULT_RESAMPLES, min_runs: int = DEFAULT_MIN_RUNS) -> Comparison:
     if not base or not new:
         raise DiagError("compare needs at least one run on each side")
     thresholds = dict(thresholds if thresholds is not None else parse_thresholds(None))
@@ -401,9 +417,29 @@ def compare(base: list[RunSample], new: list[RunSample], *, thresholds: dict[str
         eff = step[1]
         noise = {"step_time_ci_half_width": round(eff.noise, 6),
                  "run_spread_base": eff.run_spread_a, "run_spread_new": eff.run_spread_b}
+    notes = []
+    sd = next((d for d in diffs if d["fact"] == "script_name"), None)
+    if sd:
+        notes.append(f"scripts differ ({_plain(sd['base'])} vs {_plain(sd['new'])}): compared as a before/after "
+                     "of one job (the same loop is assumed; the batch size, kind and devices were checked alike)")
+    unjudged = None
+    runs = min(len(base), len(new))
+    if runs < max(int(min_runs), 1):
+        held = [m for m in results if m.gated and m.threshold is not None and METRICS[m.key][3] in TIMING_KEYS
+                and m.verdict == "regression"]
+        for m in results:
+            if METRICS[m.key][3] in TIMING_KEYS and m.gated:
+                m.gated = False
+                m.note = "; ".join(x for x in (m.note, f"not gated: {runs} run(s) per side") if x)
+        unjudged = (f"not enough runs to judge: {len(base)} vs {len(new)} run(s) per side give no measure of the "
+                    "run-to-run variance, so timing changes are reported, not gated"
+                    + (f" ({', '.join(m.label.strip() for m in held)} would have failed)" if held else "")
+                    + f"; compare {max(int(min_runs), 2)}+ runs per side (--runs 3), or --min-runs 1 on a machine "
+                    "whose run-to-run noise you know")
+        noise["min_runs"] = int(min_runs)
     return Comparison(base=base, new=new, metrics=results, attribution=attribution, findings=fdiff,
                       differences=diffs, forced=forced, thresholds=thresholds, confidence=confidence,
-                      noise=noise)
+                      noise=noise, notes=notes, unjudged=unjudged)
 
 
 # an evaluation run's steps are evaluation steps (one forward on one batch): the metrics say so

@@ -59,6 +59,8 @@ def rows(c: Comparison) -> list[dict[str, str]]:
 
 
 def status_line(c: Comparison) -> str:
+    if c.unjudged and not c.regressions:
+        return "NOT JUDGED: " + c.unjudged
     if c.regressions:
         names = ", ".join(m.label.strip() for m in c.regressions)
         return f"REGRESSION: {names} significantly worse than the threshold allows"
@@ -107,8 +109,11 @@ def render_text(c: Comparison, console) -> None:
     for d in c.differences:
         mark = "forced past: " if d["fact"] in c.forced else "differs: "
         console.print(Text(f"{mark}{d['fact']}: {d['base']} -> {d['new']}", style="dim" if not d["blocking"] else "yellow"))
+    for note in c.notes:
+        console.print(Text(f"note: {note}", style="dim"))
     console.print(Text(_excluded(c), style="dim"))
-    console.print(Text(status_line(c), style="bold red" if c.regressions else "bold green"))
+    console.print(Text(status_line(c), style="bold red" if c.regressions else
+                       ("bold yellow" if c.unjudged else "bold green")))
 
 
 def _text_findings(c: Comparison, console) -> None:
@@ -138,8 +143,11 @@ def _md(text: str) -> str:
 
 def render_markdown(c: Comparison) -> str:
     mark = "❌" if c.regressions else "✅"
-    lines = [f"### {mark} diag compare: {'regression' if c.regressions else 'no significant regression'}", "",
-             f"**{_md(c.headline)}**", ""]
+    title = ("regression" if c.regressions else "not enough runs to judge" if c.unjudged
+             else "no significant regression")
+    mark = mark if c.regressions or not c.unjudged else "⚠️"
+    lines = [f"### {mark} diag compare: {title}", "", f"**{_md(c.headline)}**", ""]
+    lines += [f"> {_md(n)}" for n in c.notes] + ([""] if c.notes else [])
     lines.append(f"| metric | base | new | change | {int(c.confidence * 100)}% CI | threshold | verdict |")
     lines.append("|---|---:|---:|---:|---:|---:|---|")
     for r in rows(c):
