@@ -184,7 +184,7 @@ gpu_telemetry = Precondition("gpu_telemetry", _gpu)
 
 
 def _ddp(ctx: Context):
-    if not any((r.distributed or {}).get("ddp") for r in ctx.evidence.ranks):
+    if not any(r.distributed.get("ddp") for r in ctx.evidence.ranks if r.distributed):
         return "No DistributedDataParallel model was observed.", {}
     return None
 
@@ -394,9 +394,21 @@ class Check:
 # stable within an API major version, but more specialised than the names above.
 
 from diag.cost.formulas import DEFAULT_MFU_LLM, DEFAULT_MFU_OTHER, TYPICAL_MFU  # noqa: E402
-from diag.gpu.series import (NVML_PERIOD_S, dev_name, gpu_section, has_devices, label, mean,  # noqa: E402
-                             no_gpu_reason, percentile, run_devices, steady_values, steady_windows,
-                             training_window, window_values)
+from diag.gpu.series import (  # noqa: E402
+    NVML_PERIOD_S,
+    dev_name,
+    gpu_section,
+    has_devices,
+    label,
+    mean,
+    no_gpu_reason,
+    percentile,
+    run_devices,
+    steady_values,
+    steady_windows,
+    training_window,
+    window_values,
+)
 from diag.memory.breakdown import expandable_segments_enabled, fragmentation  # noqa: E402
 from diag.memory.oom import parse_oom  # noqa: E402
 from diag.memory.plan import accumulation_plan, accumulation_snippet  # noqa: E402

@@ -83,7 +83,7 @@ class PluginWorker:
         self.proc: subprocess.Popen | None = None
         self._r = self._w = None
         self._buf = b""
-        self._dir = None
+        self._dir: str | None = None     # the worker's own directory, from start() to close()
         self.started_s = 0.0
 
     # -- life ------------------------------------------------------------------------------------------

@@ -36,11 +36,14 @@ import time
 import traceback
 import types
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from diag.checks.api import Check, Context, evidence_source, source_unmet
 from diag.errors import DiagError
 from diag.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from diag.plugin_worker import PluginWorker  # imported when a plugin runs, not with the registry
 
 ENTRY_POINT_GROUP = "diag.checks"
 DEFAULT_TIMEOUT_S = 5.0
@@ -71,11 +74,11 @@ def check(id: str, title: str, severity: str = "warning", needs: Iterable[str] =
     New checks use :func:`diag.checks.api.check`."""
 
     def deco(func: Callable) -> Callable:
-        func.__diag_check__ = Check(
+        setattr(func, "__diag_check__", Check(
             id=id, title=title, func=func, severity=severity, needs=list(needs), tags=list(tags),
             description=(description or (func.__doc__ or "")).strip(), docs=docs, takes_context=False,
             module=func.__module__,
-        )
+        ))
         return func
 
     return deco
@@ -180,7 +183,7 @@ class _Plugins:
         self.eps = eps                   # (key "name = value", dist) of every plugin entry point
         self.memory = memory_limit_mib()
         self.timeout = timeout
-        self.worker = None
+        self.worker: PluginWorker | None = None
         self.failed: set[str] = set()    # entry points left out of every (re)start: they broke a worker
         self.evidence_id: int | None = None
         self.starts = 0
@@ -263,6 +266,7 @@ class _Plugins:
                                                         "not start.")
                 return out
             w = self.worker
+            assert w is not None and w._dir is not None   # start() returned True: a live, started worker
             try:
                 if self.evidence_id != id(evidence):
                     if text is None:
@@ -276,8 +280,8 @@ class _Plugins:
                             return out
                     path = os.path.join(w._dir, "evidence.json")
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    with os.fdopen(fd, "w", encoding="utf-8") as f:
-                        f.write(text)
+                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                        fh.write(text)
                     w.send({"op": "evidence", "path": path})
                     msg = w.receive(LOAD_EVIDENCE_TIMEOUT_S)
                     if msg.get("ev") != "ok":

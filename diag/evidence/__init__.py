@@ -39,8 +39,15 @@ from diag.evidence._schema import SchemaError, Section, build, median
 from diag.evidence.amp import AmpSection
 from diag.evidence.dataloaders import DataLoaderInfo
 from diag.evidence.distributed import DistributedSection
-from diag.evidence.document import (MAX_DEPTH, MAX_EVIDENCE_BYTES, READABLE_VERSIONS, SCHEMA_VERSION, Evidence,
-                                    _json_default, load_evidence)
+from diag.evidence.document import (
+    MAX_DEPTH,
+    MAX_EVIDENCE_BYTES,
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    Evidence,
+    _json_default,
+    load_evidence,
+)
 from diag.evidence.environment import DeviceInfo, Environment
 from diag.evidence.evaluation import ChildProcess, EvalStepRecord, EvalStepStats, EvaluationPass, FrameworkInfo
 from diag.evidence.extras import ExtrasSection

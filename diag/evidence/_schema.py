@@ -132,7 +132,7 @@ def type_name(tp: Any) -> str:
     """The type in words, for messages and docs: "an integer", "a list of StepRecord", ..."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        args = tuple(a for a in typing.get_args(tp) if a is not type(None))
         return " or ".join(type_name(a) for a in args) + (" or null" if len(args) < len(typing.get_args(tp)) else "")
     if tp is Any:
         return "any JSON value"
@@ -206,7 +206,7 @@ def build(tp: Any, value: Any, path: str) -> Any:
             else:
                 out[k] = v
         return out
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise SchemaError(path, type_name(tp), value)
         hints = resolve_hints(tp)
@@ -318,7 +318,7 @@ def field_docs(cls: type) -> list[tuple[str, str, str, str]]:
     hints = resolve_hints(cls)
     comments = _comments(cls)
     names = ([f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls)
-             else list(cls.__section_fields__))
+             else list(typing.cast("type[Section]", cls).__section_fields__))
     rows = []
     for name in names:
         doc = comments.get(name, "")

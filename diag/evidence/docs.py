@@ -10,10 +10,38 @@ from __future__ import annotations
 
 import sys
 
-from diag.evidence import (SCHEMA_VERSION, AmpSection, ChildProcess, EvalStepRecord, EvalStepStats, EvaluationPass, FrameworkInfo, DataLoaderInfo, DeviceInfo, DistributedSection, Environment,
-                           Evidence, ExceptionInfo, ExtrasSection, FlopsMeasured, FlopsSection, ForwardSite,
-                           GpuTelemetry, MemoryDevice, MemoryPlan, MemorySection, ModelInfo, OptimizerInfo,
-                           ProbeSection, RankEvidence, RunInfo, StepRecord, StepStats, SyncSection, TimelineSection)
+from diag.evidence import (
+    SCHEMA_VERSION,
+    AmpSection,
+    ChildProcess,
+    DataLoaderInfo,
+    DeviceInfo,
+    DistributedSection,
+    Environment,
+    EvalStepRecord,
+    EvalStepStats,
+    EvaluationPass,
+    Evidence,
+    ExceptionInfo,
+    ExtrasSection,
+    FlopsMeasured,
+    FlopsSection,
+    ForwardSite,
+    FrameworkInfo,
+    GpuTelemetry,
+    MemoryDevice,
+    MemoryPlan,
+    MemorySection,
+    ModelInfo,
+    OptimizerInfo,
+    ProbeSection,
+    RankEvidence,
+    RunInfo,
+    StepRecord,
+    StepStats,
+    SyncSection,
+    TimelineSection,
+)
 from diag.evidence._schema import field_docs
 
 INTRO = f"""\

@@ -236,7 +236,7 @@ def _no_lone_surrogates(data: Any) -> Any:
         return _SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v
 
     root = [data]
-    stack = [(root, 0)]
+    stack: list[tuple[Any, Any]] = [(root, 0)]   # (list, index) or (dict, key)
     while stack:
         parent, key = stack.pop()
         value = parent[key]
@@ -269,7 +269,7 @@ def _check_shape(data: Any, name: str) -> None:
 
 
 def _json_default(o: Any) -> Any:
-    if dataclasses.is_dataclass(o):
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
         return dataclasses.asdict(o)
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
