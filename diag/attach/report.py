@@ -100,13 +100,13 @@ def render_header(evidence, console: Console) -> None:
 
 
 def render_text(evidence, findings, console: Console, verbose: bool = False) -> None:
-    from diag.report.console import STYLE, render_finding
+    from diag.report.console import STYLE, print_finding
 
     render_header(evidence, console)
     findings = sort_findings(findings)
     for f in findings:
         if f.severity.rank >= Severity.INFO.rank:
-            console.print(render_finding(f))
+            print_finding(console, f, verbose=verbose)
     rest = [f for f in findings if f.severity in (Severity.PASS, Severity.SKIPPED)]
     from diag.checks.api import NOT_OBSERVABLE   # the registry's reason for a check sampling cannot answer
 

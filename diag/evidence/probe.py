@@ -97,6 +97,15 @@ def headline(summary: dict | None) -> str | None:
     return text
 
 
+def short_headline(summary: dict | None) -> str | None:
+    """The headline in one line: "diag's probe took 0.4% of the median step (12 µs of 2.9 ms; a lower
+    bound)" (the text report without -v)."""
+    if not summary:
+        return None
+    return (f"diag's probe took {pct(summary['median_step_share'])} of the median step "
+            f"({_dur(summary['median_probe_s'])} of {_dur(summary['median_step_s'])}; a lower bound)")
+
+
 def lighten(summary: dict) -> str:
     """How to make the probe lighter: the largest part of its time, and the switch for it."""
     parts = dict(summary.get("by_part") or {})

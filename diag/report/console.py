@@ -2,8 +2,10 @@
 matters, the fix and a snippet, and the location in the user's script."""
 from __future__ import annotations
 
+import re
+
 from rich.console import Console, Group
-from rich.panel import Panel
+from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
@@ -40,7 +42,9 @@ def eval_line(tp: dict, kind: str, ev_sum: dict | None, share: dict | None = Non
     return text
 
 
-def run_header(evidence) -> Text:
+def run_header(evidence, verbose: bool = True) -> Text:
+    """The run in a few lines: script, status, steps and median phases, evaluation, the probe's own
+    cost (its reason in full with ``verbose``), simulated GPUs, notes."""
     run = evidence.run
     t = Text()
     t.append("diag ", style="bold")
@@ -84,7 +88,8 @@ def run_header(evidence) -> Text:
         t.append(f" · {run.wall_s:.1f} s")
     if len(evidence.ranks) > 1:
         t.append(f" · {len(evidence.ranks)} ranks")
-    own = probe_cost.headline(probe_cost.of_evidence(evidence))
+    summary = probe_cost.of_evidence(evidence)
+    own = probe_cost.headline(summary) if verbose else probe_cost.short_headline(summary)
     if own:
         t.append(f"\n{own}", style="dim")
     if run.simulated_gpus:
@@ -94,51 +99,120 @@ def run_header(evidence) -> Text:
     return t
 
 
-def render_finding(f) -> Panel:
+def finding_fields(f) -> str:
+    """The finding's raw numbers as one ``key=value · ...`` line (shown with -v; JSON has them all)."""
+    nums = {k: v for k, v in f.evidence.items() if k not in ("traceback", "message") and v is not None
+            and not isinstance(v, (dict, list))}
+    return " · ".join(f"{k}={fmt_value(v)}" for k, v in list(nums.items())[:10])
+
+
+def render_finding(f, verbose: bool = False) -> Group:
+    """One finding: a heading (severity, id, title), then its message (the measured numbers), the fix
+    and its snippet, the location, indented under it. With -v also why it matters, the raw fields
+    (``key=value · ...``; JSON has them all) and an info finding's snippet. No box: the docs link
+    (print_finding) stays one line."""
     f = safe_finding(f)
     style, label = STYLE[f.severity]
     parts: list = [Text(f.message)]
-    nums = {k: v for k, v in f.evidence.items() if k not in ("traceback", "message") and v is not None
-            and not isinstance(v, (dict, list))}
-    if nums:
-        parts.append(Text(" · ".join(f"{k}={fmt_value(v)}" for k, v in list(nums.items())[:10]), style="dim"))
-    if f.why:
+    fields = finding_fields(f) if verbose else ""
+    if fields:
+        parts.append(Text(fields, style="dim"))
+    if f.why and verbose:
         parts.append(Text.assemble(("why: ", "bold"), f.why))
     if f.fix:
         parts.append(Text.assemble(("fix: ", "bold green"), f.fix))
-    if f.snippet:
-        parts.append(Syntax(f.snippet, "python", theme="ansi_dark", background_color="default"))
+    if f.snippet and (verbose or f.severity.rank > Severity.INFO.rank):
+        parts.append(Syntax(f.snippet, "python", theme="ansi_dark", background_color="default", word_wrap=True))
     if f.location:
         parts.append(Text.assemble(("at: ", "bold"), str(f.location)))
-    if f.docs:
-        parts.append(Text(f.docs, style="dim underline"))
-    title = Text.assemble((f" {label} ", style), " ", (f.id, "bold"), " — ", f.title)
-    return Panel(Group(*parts), title=title, title_align="left", border_style=style.replace("bold ", ""))
+    title = Text.assemble((f" {label} ", style + " reverse"), " ", (f.id, "bold"), " — ", f.title)
+    return Group(title, Padding(Group(*parts), (0, 0, 0, 2)))
+
+
+def print_finding(console: Console, f, verbose: bool = False) -> None:
+    """Print a finding and its docs link: the link on a line of its own, never cut or wrapped by
+    diag (a terminal wraps it; a pasted or saved report keeps the whole address), then a blank line."""
+    console.print(render_finding(f, verbose=verbose))
+    docs = safe_finding(f).docs
+    if docs:
+        console.print(Text("  " + docs, style="dim underline"), crop=False, no_wrap=True, overflow="ignore")
+    console.print()
+
+
+_GPU_WORDS = re.compile(r"\b(cuda|gpus?|nvml|cudnn|tensor cores?|nvidia)\b|(trains|runs|are) on cpu", re.I)
+
+
+def _skip_group(f, cpu_run: bool) -> str:
+    """Which folded line a skipped check joins (the reason shared by the group)."""
+    msg = f.message or ""
+    if (f.evidence or {}).get("reason") == "not observable by sampling" or msg.startswith("Only evidence sampled"):
+        return "attach"
+    if cpu_run and _GPU_WORDS.search(msg):
+        return "gpu"
+    if "single-process" in msg.lower():
+        return "single"
+    return "other"
+
+
+def folded_quiet(findings, evidence) -> list[Text]:
+    """Passed and skipped checks folded to one line per group: the passed checks, the GPU checks a
+    CPU run skips (with why), the multi-process checks a single process skips, those only an attached
+    job answers, and the other skipped checks. Each line is cut to the terminal; -v lists them all."""
+    cpu_run = bool(evidence.ranks) and not any(
+        str(d).startswith("cuda") for r in evidence.ranks for m in r.models for d in (m.devices or []))
+    passed = [f for f in findings if f.severity is Severity.PASS]
+    skipped = [f for f in findings if f.severity is Severity.SKIPPED]
+    groups: dict[str, list] = {"gpu": [], "single": [], "attach": [], "other": []}
+    for f in skipped:
+        groups[_skip_group(f, cpu_run)].append(f)
+    gpu_why = "a CPU run"
+    if any("NVML" in (f.message or "") for f in groups["gpu"]):
+        gpu_why += ", no NVIDIA driver"
+    what = {"gpu": ("GPU check", f"skipped ({gpu_why})"),
+            "single": ("multi-process check", "skipped (a single process)"),
+            "attach": ("check", "skipped (only for a job sampled by diag attach)"),
+            "other": ("other check", "skipped")}
+    lines = []
+
+    def line(label_sev, n: int, noun: str, why: str, members) -> Text:
+        style, label = STYLE[label_sev]
+        t = Text()
+        t.append(f"{label:<9} ", style=style)
+        t.append(f"{n} {noun}{'s' if n != 1 else ''} {why}: ", style="bold" if label_sev is Severity.PASS else "")
+        t.append(", ".join(safe(f.id) for f in members), style="dim")
+        return t
+
+    if passed:
+        lines.append(line(Severity.PASS, len(passed), "check", "passed", passed))
+    for key in ("gpu", "single", "attach", "other"):
+        if groups[key]:
+            noun, why = what[key]
+            lines.append(line(Severity.SKIPPED, len(groups[key]), noun, why, groups[key]))
+    return lines
 
 
 def render_console(evidence, findings, console: Console, verbose: bool = False) -> None:
-    console.print(run_header(evidence))
+    console.print(run_header(evidence, verbose=verbose))
     console.print()
     findings = sort_findings(findings)
     shown = [f for f in findings if f.severity.rank >= Severity.INFO.rank]
     for f in shown:
-        console.print(render_finding(f))
+        print_finding(console, f, verbose=verbose)
     rest = [f for f in findings if f.severity in (Severity.PASS, Severity.SKIPPED)]
-    if rest:
-        # passed and skipped checks: a line each (the message cut to the terminal), in full with -v
-        table = Table(show_header=False, box=None, pad_edge=False, expand=not verbose)
+    if rest and not verbose:
+        for ln in folded_quiet(rest, evidence):
+            console.print(ln, no_wrap=True, overflow="ellipsis")
+        console.print(Text("(-v: each check's reason in full, each finding's raw numbers)", style="dim"))
+    elif rest:
+        # -v: passed and skipped checks a line each, the message in full
+        table = Table(show_header=False, box=None, pad_edge=False)
         table.add_column(min_width=8, no_wrap=True)
         table.add_column(min_width=max(len(f.id) for f in rest), no_wrap=True)
-        if verbose:
-            table.add_column(style="dim")
-        else:
-            table.add_column(style="dim", no_wrap=True, overflow="ellipsis", ratio=1)
+        table.add_column(style="dim")
         for f in rest:
             style, label = STYLE[f.severity]
             table.add_row(Text(label, style=style), safe(f.id), safe(f.message))
         console.print(table)
-        if not verbose:
-            console.print(Text("(-v shows the passed and skipped checks' messages in full)", style="dim"))
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
     summary = Text("\n")
     for s in (Severity.CRASHED, Severity.ERROR, Severity.WARNING, Severity.INFO, Severity.PASS, Severity.SKIPPED):
