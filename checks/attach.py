@@ -22,6 +22,8 @@ import math
 
 from diag.checks.api import Location, Severity, check, fmt_pct as pct
 
+from ._workers import advice, contention_words, host_contention, recommended_workers
+
 DOCS = "docs/attach.md"
 DATA_WARN = 0.25        # share of main-thread samples waiting for the DataLoader
 DATA_INFO = 0.10
@@ -60,6 +62,13 @@ def _where(d: dict | None) -> str:
         return "an unknown line"
     code = f" `{d['code']}`" if d.get("code") else ""
     return f"{d.get('file', '?').rsplit('/', 1)[-1]}:{d.get('line')}{code}"
+
+
+def _uses_cuda(ev) -> bool:
+    """The sampled job holds a GPU (NVML saw one of its processes on a device): else a CPU run."""
+    g = ev.gpu
+    procs = (g.processes if g is not None else None) or {}
+    return bool(procs.get("gpu")) or any(d.get("used_by_run") for d in ((g.devices if g is not None else None) or []))
 
 
 def _label(ev, r) -> str:
@@ -285,12 +294,27 @@ def attach_dataloader_workers(ctx):
                           evidence=numbers)
             continue
         sev = Severity.WARNING if data >= DATA_WARN else Severity.INFO
+        # the same advice as the probe's dataloader.workers (checks/_workers.py): no pin_memory and no
+        # "GPU" on a CPU run, the CPU run's half-the-cores cap, and no worker count on a contended host
+        on_cpu = not _uses_cuda(ev)
+        contention = host_contention(ev)
+        cpus_n = ev.environment.cpu_count
+        numbers.update(cpu_training=on_cpu, host=contention)
         if not workers:
             where = _where(data_lines[0]) if data_lines else "the DataLoader"
             msg = (f"{_label(ev, r)} spends {pct(data)} of {n} samples loading data in the main process "
                    f"(no DataLoader worker: num_workers=0), hottest at {where}.")
-            fix = "Load batches in worker processes: DataLoader(..., num_workers=4, pin_memory=True, " \
-                  "persistent_workers=True); size num_workers to the CPU cores per GPU."
+            rec = recommended_workers(0, data, max(1 - data, 1e-6), cpus_n, on_cpu)
+            a = advice(num_workers=0, wait=data, compute=max(1 - data, 1e-6), cpus=cpus_n, on_cpu=on_cpu,
+                       contention=contention, timed=False,
+                       lead=f"DataLoader(..., num_workers={rec}{'' if on_cpu else ', pin_memory=True'}, "
+                            "persistent_workers=True).")
+            fix = a["fix"]
+            numbers.update(recommended_workers=rec if a["helps"] else None, workers_help=a["helps"])
+            if a["why_not"] == "contended" or (a["why_not"] == "at-cap" and on_cpu):
+                sev = Severity.INFO
+                if a["why_not"] == "contended":
+                    msg += f" During the window {contention_words(contention)}: a worker count will not help."
         elif saturated and mean_cpu is not None and mean_cpu < 50:
             msg = (f"{_label(ev, r)} waits for the DataLoader in {pct(data)} of {n} samples while its {wtext}: "
                    "the workers always have work but get little CPU, so the machine's cores are contended"
@@ -306,9 +330,11 @@ def attach_dataloader_workers(ctx):
             msg = (f"{_label(ev, r)} waits for the DataLoader in {pct(data)} of {n} samples though its {wtext}: "
                    "the workers are not the limit (transfer of large batches, pin_memory thread, or a "
                    "prefetch_factor too small).")
-            fix = "Raise prefetch_factor, check the size of each batch sent from workers, use pin_memory=True."
+            fix = "Raise prefetch_factor, check the size of each batch sent from workers" + \
+                  ("." if on_cpu else ", use pin_memory=True.")
         yield ctx.finding(severity=sev, title=title, message=msg, evidence=numbers,
-                      why="While the main process waits for a batch, the GPU has nothing queued.",
+                      why="While the main process waits for a batch, the model does nothing"
+                          + ("." if on_cpu else " and the GPU has nothing queued."),
                       fix=fix, location=_loc(data_lines[0] if data_lines else None))
 
 

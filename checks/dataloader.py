@@ -10,6 +10,8 @@ import math
 from ._framework import NAMES, framework_entry, framework_of, words
 from ._perf import PERF_MISSING, guide, perf_ran, short_file, training_sites
 from ._util import loc, ms, pct
+from ._workers import (advice, contention_words, fetch_time, holds_as_error, host_contention,  # noqa: F401
+                       quartile_low, recommended_workers)
 
 WARN_SHARE = 0.10    # data wait >= 10% of step time: warning (TraceML warns at 10%)
 ERROR_SHARE = 0.30   # >= 30%: error (the model idles a third of the time)
@@ -74,32 +76,6 @@ def cpu_only(r) -> bool:
     model's compute for the same cores."""
     models = training_models(r)
     return bool(models) and "cuda" not in device_types(models)
-
-
-def recommended_workers(num_workers: int, wait_per_step: float, compute_per_step: float,
-                        cpu_count: int | None, cpu_training: bool = False) -> int:
-    """Workers needed so that batches are ready when the model asks for them.
-
-    With w workers each producing a batch in f seconds, the pipeline delivers w/f batches per
-    second; a step needs one batch every c seconds of compute. Measured: with w = 0 the wait per
-    batch is f itself; with w > 0 the observed step rate 1/(c + wait) equals w/f, so
-    f = w (c + wait). Then w* = ceil(1.5 f / c), with 50% headroom, capped by the usable CPUs.
-    """
-    c = max(compute_per_step, 1e-6)
-    f = fetch_time(num_workers, wait_per_step, compute_per_step)
-    need = math.ceil(HEADROOM * f / c)
-    need = max(need, num_workers + 1, 1)
-    if cpu_count:
-        # on a CPU-only run the model's compute uses the cores too: leave it at least half of them
-        cap = max(cpu_count // 2, 1) if cpu_training else max(cpu_count - 1, 1)
-        need = min(need, cap)
-    return need
-
-
-def fetch_time(num_workers: int, wait_per_step: float, compute_per_step: float) -> float:
-    """Seconds one worker needs to produce a batch, from what was measured (see recommended_workers)."""
-    c = max(compute_per_step, 1e-6)
-    return wait_per_step if num_workers == 0 else num_workers * (c + wait_per_step)
 
 
 def steady_fetch(loader) -> tuple[float | None, float | None]:
@@ -174,52 +150,42 @@ def dataloader_workers(ctx):
         yield ctx.passed(f"The model waited for data {pct(frac)} of step time ({ms(wait)} per step, "
                      f"num_workers={loader.num_workers}).", **numbers, title="Data arrives in time")
         return
-    rec = recommended_workers(loader.num_workers, wait, compute, cpus, on_cpu)
-    f = fetch_time(loader.num_workers, wait, compute)
-    predicted = max(compute, f / max(rec, 1))   # the pipeline delivers rec/f batches per second
-    if rec <= loader.num_workers or predicted >= wait + compute:
-        predicted = None                        # more workers would not help: nothing to predict
-    numbers.update(recommended_workers=rec, fetch_per_batch_s=round(f, 6),
+    contention = host_contention(ev)
+    lead, snippet, _ = words(ev, ctx.id, n=recommended_workers(loader.num_workers, wait, compute, cpus, on_cpu),
+                             batch_size=loader.batch_size)   # the knob has the check's id
+    a = advice(num_workers=loader.num_workers, wait=wait, compute=compute, cpus=cpus, on_cpu=on_cpu,
+               contention=contention, lead=lead, snippet=snippet,
+               pin_word="dataloader_pin_memory=True" if fw == "transformers" else "pin_memory=True")
+    rec, f, predicted = a["rec"], a["fetch_s"], a["predicted_s"]
+    numbers.update(recommended_workers=rec if a["helps"] else None, fetch_per_batch_s=round(f, 6),
                    predicted_step_s=round(predicted, 6) if predicted else None,
-                   predicted_speedup=round((wait + compute) / predicted, 2) if predicted else None)
-    sev = Severity.ERROR if frac >= ERROR_SHARE else Severity.WARNING
-    capped = cpus is not None and f / rec > compute * 1.05
-    cheaper = ("cache decoded/preprocessed data, a faster storage format" if on_cpu else
-               "decode/augment on the GPU, cache preprocessed data, a faster storage format")
-    if rec <= loader.num_workers:
-        if on_cpu:
-            # the workers already take the cores the model's compute leaves: more cannot help, and the
-            # wait measures core contention as much as the pipeline (info, not a warning)
-            sev = Severity.INFO
-        fix = (("On this CPU-only run the DataLoader workers share the cores with the model's compute, and "
-                f"{loader.num_workers} worker(s) is as many as {cpus} CPUs leave room for: " if on_cpu else
-                "The workers already use every CPU: ")
-               + f"make each batch cheaper ({cheaper}).")
-        snippet = None
-    else:
-        # the knob's words in the run's framework (diag/knobs.py), then the prediction
-        lead, snippet, _ = words(ev, ctx.id, n=rec, batch_size=loader.batch_size)   # the knob has the check's id
+                   predicted_speedup=round((wait + compute) / predicted, 2) if predicted else None,
+                   host=contention, workers_help=a["helps"])
+    if a["helps"]:
         numbers["knob"] = ctx.id
-        fix = (f"Load batches in background worker processes. {lead} This machine has {cpus} usable CPUs; each "
-               f"batch takes {ms(f)} to produce and the model needs one every {ms(compute)}"
-               + (f", so the step should drop from {ms(wait + compute)} to about {ms(predicted)}."
-                  if predicted else "."))
-        if capped:
-            fix += (f" Even {rec} worker{'s' if rec != 1 else ''} cannot keep up ({ms(f / rec)} per batch): also make each batch "
-                    f"cheaper ({cheaper}).")
-        if on_cpu:
-            fix += (f" The model trains on the CPU: workers share the {cpus} cores with its compute, so the "
-                    "gain is smaller than predicted when compute already uses every core; compare the step "
-                    f"time with num_workers=0 and {rec}, and keep the faster.")
-        elif snippet:
-            # CUDA training: the batches the workers build are pinned too (the pin-memory knob's word)
-            pin = "dataloader_pin_memory=True" if fw == "transformers" else "pin_memory=True"
-            snippet = snippet.replace(f"num_workers={rec}", f"num_workers={rec}, {pin}", 1)
+    # an error must hold under load: three steps in four past the line, on a host that was not contended
+    shares = [s.data_s / s.total_s for s in r.timed_steps() if s.total_s > 0]
+    q1 = quartile_low(shares)
+    numbers["data_share_q1"] = round(q1, 4) if q1 is not None else None
+    if dw.clock == "device":      # GPU idle for data, on the device clock: not the host's load
+        sev = Severity.ERROR if frac >= ERROR_SHARE else Severity.WARNING
+    else:
+        sev = Severity.ERROR if frac >= ERROR_SHARE and holds_as_error(shares, ERROR_SHARE, contention) \
+            else Severity.WARNING
+    if a["why_not"] == "at-cap" and on_cpu:
+        # the workers already take the cores the model's compute leaves: more cannot help, and the
+        # wait measures core contention as much as the pipeline (info, not a warning)
+        sev = Severity.INFO
+    elif a["why_not"] == "contended":
+        sev = Severity.INFO if on_cpu else Severity.WARNING
+    fix, snippet = a["fix"], a["snippet"]
     yield ctx.finding(
         severity=sev,
         message=f"The model waited for data {pct(frac)} of step time ({ms(wait)} of {ms(wait + compute)} "
                 f"per step over {n} steps) with num_workers={loader.num_workers} on {cpus} CPUs."
-                + dw.sentence(),
+                + dw.sentence()
+                + (f" During the run {contention_words(contention)}: the wait is the machine's load as much as "
+                   "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else ""),
         evidence=numbers,
         why="While the main process fetches and collates the next batch, the model does nothing; "
             "this time is lost on every step.",
@@ -255,31 +221,32 @@ def _eval_workers(ctx, ev, r):
         yield ctx.passed(f"Evaluation waited for data {pct(frac)} of each evaluation step ({ms(wait)} per batch, "
                          f"num_workers={loader.num_workers}).", **numbers, title="Evaluation data arrives in time")
         return
-    rec = recommended_workers(loader.num_workers, wait, compute, cpus, on_cpu)
-    f = fetch_time(loader.num_workers, wait, compute)
-    predicted = max(compute, f / max(rec, 1))
-    if rec <= loader.num_workers or predicted >= wait + compute:
-        predicted = None
-    numbers.update(recommended_workers=rec, fetch_per_batch_s=round(f, 6),
-                   predicted_step_s=round(predicted, 6) if predicted else None)
-    sev = Severity.ERROR if frac >= ERROR_SHARE else Severity.WARNING
-    if rec <= loader.num_workers:
-        sev = Severity.INFO if on_cpu else sev
-        fix = "The workers already use the CPUs there are: make each batch cheaper (cache decoded data, a faster format)."
-        snippet = None
-    else:
-        fix = (f"Load evaluation batches in background worker processes: num_workers={rec} ({cpus} usable CPUs); "
-               f"each batch takes {ms(f)} to produce and the model needs one every {ms(compute)}"
-               + (f", so an evaluation step should drop from {ms(wait + compute)} to about {ms(predicted)}."
-                  if predicted else "."))
-        if on_cpu:
-            fix += " On a CPU-only run the workers share the cores with the model: compare both and keep the faster."
-        snippet = (f"val_loader = DataLoader(val_set, batch_size={loader.batch_size}, num_workers={rec}"
-                   + (")" if on_cpu else ", pin_memory=True)"))
+    contention = host_contention(ev)
+    rec0 = recommended_workers(loader.num_workers, wait, compute, cpus, on_cpu)
+    a = advice(num_workers=loader.num_workers, wait=wait, compute=compute, cpus=cpus, on_cpu=on_cpu,
+               contention=contention, evaluation=True,
+               lead=f"val_loader = DataLoader(val_set, batch_size={loader.batch_size}, num_workers={rec0}).",
+               snippet=f"val_loader = DataLoader(val_set, batch_size={loader.batch_size}, num_workers={rec0})")
+    rec, f, predicted = a["rec"], a["fetch_s"], a["predicted_s"]
+    numbers.update(recommended_workers=rec if a["helps"] else None, fetch_per_batch_s=round(f, 6),
+                   predicted_step_s=round(predicted, 6) if predicted else None, host=contention,
+                   workers_help=a["helps"])
+    # an error must hold under load (the eval-only ERROR on a busy machine: data 1 ms of a 32 ms step
+    # when quiet): three evaluation steps in four past the line, on a host that was not contended
+    steps = [x for x in r.eval_steps if not x.instrumented]
+    shares = [x.data_s / x.total_s for x in (steps[1:] if len(steps) > 3 else steps) if x.total_s > 0]
+    q1 = quartile_low(shares)
+    numbers["data_share_q1"] = round(q1, 4) if q1 is not None else None
+    sev = Severity.ERROR if frac >= ERROR_SHARE and holds_as_error(shares, ERROR_SHARE, contention) else Severity.WARNING
+    if a["why_not"] == "at-cap" and on_cpu or a["why_not"] == "contended" and on_cpu:
+        sev = Severity.INFO
+    fix, snippet = a["fix"], a["snippet"]
     yield ctx.finding(
         severity=sev, title="Evaluation waits for data",
         message=f"Evaluation waited for data {pct(frac)} of each evaluation step ({ms(wait)} of {ms(wait + compute)} "
-                f"per batch over {tp['steps']} batches) with num_workers={loader.num_workers} on {cpus} CPUs.",
+                f"per batch over {tp['steps']} batches) with num_workers={loader.num_workers} on {cpus} CPUs."
+                + (f" During the run {contention_words(contention)}: the wait is the machine's load as much as "
+                   "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else ""),
         evidence=numbers,
         why="While the main process loads and collates the next evaluation batch, the model does nothing.",
         fix=fix, snippet=snippet, location=loc(loader.location),

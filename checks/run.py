@@ -115,3 +115,39 @@ def run_no_steps(ctx):
             "(a --help or a dry-run flag exits early); diag sees torch.nn.Module forwards, "
             "backward() and torch.optim optimizer steps.",
     )
+
+
+@check(id="host.contention", title="A contended host", severity="info", needs=["gpu.host", "gpu.processes"],
+       tags=["run", "data"])
+def host_contention_check(ctx):
+    """Whether other processes competed with the run for the CPUs, from what diag's sampler recorded
+    beside it (the machine's CPU use and 1-minute load, the run's own process tree's CPU; medians over
+    the samples). Contended: the machine was at least 90% busy and other processes kept at least half
+    a core busy (from the CPU use, or the load beyond the cores). Info: every timing of such a run is
+    inflated and noisier, a DataLoader worker would compete for the same busy cores (dataloader.workers
+    then says a worker count will not help and gives no error), and a comparison needs repeats. Passes
+    on a host with room; skipped without host samples (attached evidence, or a run shorter than the
+    sampler's first reading)."""
+    from ._workers import contention_words, host_contention
+
+    c = host_contention(ctx.evidence)
+    if c is None:
+        yield ctx.skip("No host CPU samples were recorded beside the run.")
+        return
+    if not c["contended"]:
+        yield ctx.passed(f"The host had room: {c['host_cpu_percent']:.0f}% of {c['cpus']} CPUs busy"
+                         + (f", load {c['load1']:.1f}" if c.get("load1") is not None else "")
+                         + (f", this run {c['run_cpu_percent']:.0f}% of one core" if c.get("run_cpu_percent") is not None
+                            else "") + ".", title="The host had room", **c)
+        return
+    yield ctx.finding(
+        severity=Severity.INFO,
+        message=f"During the run {contention_words(c)}: its timings are inflated and noisier than on a quiet "
+                "machine, and more DataLoader workers would compete for the same busy cores.",
+        evidence=c,
+        why="Processes that are not the run's take CPU time from its main process, its DataLoader workers and its "
+            "intra-op threads alike; the waits diag measures then include the machine's queue.",
+        fix="Judge speed on a quiet machine (or a dedicated runner); compare with `diag compare --runs 3` so that "
+            "the run-to-run variance is measured; torch.set_num_threads() below the free cores avoids "
+            "oversubscription.",
+    )

@@ -238,8 +238,16 @@ def training_loader(o: Outcome, name: str) -> dict | None:
 
 def loud_ids(o: Outcome) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for f in o.findings():
+    for f in o.findings(("info", "warning", "error")):
         if f["id"] == "probe.overhead":   # judges diag's own cost on this machine, not the script (issue 20)
+            continue
+        if f["severity"] == "info":
+            # a data wait found on a contended host is an info that says workers will not help (issue 33):
+            # found all the same, its severity reshaped by the machine's load, not by the script
+            host = (f.get("evidence") or {}).get("host") or {}
+            if not (f["id"] == "dataloader.workers" and host.get("contended")):
+                continue
+            out.setdefault(f["id"], []).append("warning")
             continue
         out.setdefault(f["id"], []).append(f["severity"])
     return out

@@ -167,8 +167,10 @@ DEVICE_DIGITS = {"t": 3, "util": 1, "mem_util": 1, "mem_used": 0, "temp": 1, "po
                  "mem_clock": 0, "pcie_rx": 0, "pcie_tx": 0, "fan": 1, "run_mem": 0}
 RUN_COLUMNS = {"t": "mean", "cpu": "mean", "rss": "max", "nproc": "max", "gpu_mem": "max"}
 RUN_DIGITS = {"t": 3, "cpu": 1, "rss": 0, "nproc": 0, "gpu_mem": 0}
-HOST_COLUMNS = {"t": "mean", "cpu": "mean", "mem_used": "max"}
-HOST_DIGITS = {"t": 3, "cpu": 1, "mem_used": 0}
+# load1: the 1-minute load average (runnable + uninterruptible tasks, the whole machine): with the run's
+# own CPU (the processes series) it tells a contended host (host.contention, dataloader.workers)
+HOST_COLUMNS = {"t": "mean", "cpu": "mean", "mem_used": "max", "load1": "mean"}
+HOST_DIGITS = {"t": 3, "cpu": 1, "mem_used": 0, "load1": 2}
 
 
 class _DeviceStats:
@@ -559,7 +561,7 @@ class Sampler:
                 self._host_ring.append(snap.host)
                 self._last_host = snap.host
                 self._host_series.add({"t": t_rel, "cpu": _val(snap.host.cpu_percent),
-                                       "mem_used": _val(snap.host.mem_used)})
+                                       "mem_used": _val(snap.host.mem_used), "load1": _val(snap.host.load1)})
             if snap.run is not None:
                 self._run_ring.append(snap.run)
                 self._run_series.add({"t": t_rel, "cpu": _val(snap.run.cpu_percent), "rss": _val(snap.run.rss),
