@@ -9,7 +9,7 @@ import math
 
 from ._framework import NAMES, framework_entry, framework_of, words
 from ._perf import PERF_MISSING, guide, perf_ran, short_file, training_sites
-from ._util import loc, ms, pct
+from ._util import fix_site, loc, ms, pct
 from ._workers import (advice, contention_words, fetch_time, holds_as_error, host_contention,  # noqa: F401
                        quartile_low, recommended_workers)
 
@@ -179,6 +179,10 @@ def dataloader_workers(ctx):
     elif a["why_not"] == "contended":
         sev = Severity.INFO if on_cpu else Severity.WARNING
     fix, snippet = a["fix"], a["snippet"]
+    site, fl = fix_site(ev, loader)      # the DataLoader(...) call, or the script's own --num-workers flag
+    if fl and a["helps"]:
+        fix += f" This script has its own flag for it: run it with {fl['flag']} {rec} (defined at line {fl['line']})."
+        numbers["script_flag"] = fl["flag"]
     yield ctx.finding(
         severity=sev,
         message=f"The model waited for data {pct(frac)} of step time ({ms(wait)} of {ms(wait + compute)} "
@@ -189,7 +193,8 @@ def dataloader_workers(ctx):
         evidence=numbers,
         why="While the main process fetches and collates the next batch, the model does nothing; "
             "this time is lost on every step.",
-        fix=fix, snippet=snippet, location=loc(loader.location or (framework_entry(ev) if fw else None)),
+        fix=fix, snippet=snippet,
+        location=loc(site or loader.location or (framework_entry(ev) if fw else None)),
     )
 
 
@@ -241,6 +246,9 @@ def _eval_workers(ctx, ev, r):
     if a["why_not"] == "at-cap" and on_cpu or a["why_not"] == "contended" and on_cpu:
         sev = Severity.INFO
     fix, snippet = a["fix"], a["snippet"]
+    site, fl = fix_site(ev, loader)
+    if fl and a["helps"]:
+        fix += f" This script has its own flag for it: run it with {fl['flag']} {rec} (defined at line {fl['line']})."
     yield ctx.finding(
         severity=sev, title="Evaluation waits for data",
         message=f"Evaluation waited for data {pct(frac)} of each evaluation step ({ms(wait)} of {ms(wait + compute)} "
@@ -249,7 +257,7 @@ def _eval_workers(ctx, ev, r):
                    "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else ""),
         evidence=numbers,
         why="While the main process loads and collates the next evaluation batch, the model does nothing.",
-        fix=fix, snippet=snippet, location=loc(loader.location),
+        fix=fix, snippet=snippet, location=loc(site or loader.location),
     )
 
 

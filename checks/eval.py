@@ -6,7 +6,7 @@ from diag.checks.api import check, cuda_device, fmt_seconds, knob_words, median,
 from ._perf import amdahl, cap_str, capability, guide, short_file, size
 from ._framework import framework_of
 from ._util import pct
-from ._util import loc
+from ._util import constructed_at, loc
 
 
 def _graph_record(r, site_key: str) -> dict:
@@ -102,6 +102,7 @@ FORWARD_WARN_SHARE = 0.30    # forwards under 30% of an evaluation step: bound e
 SMALL_EVAL_BATCH = 8         # an evaluation batch of at most 8 samples
 SMALL_MIN_STEPS = 16         # judged over at least this many evaluation batches
 SMALL_EVAL_TOKENS = 2048     # ...unless each batch holds this many tokens (8 sequences of 256 and more)
+FIXED_COST_SHARE = 0.5       # on a CPU: a measured per-batch fixed cost of at least half a batch's time
 SYNC_STEP_SHARE = 0.5        # host syncs in at least half the evaluation steps: per batch
 SYNC_MIN_STEPS = 4
 TRAIN_MODE_LAYERS = ("Dropout", "BatchNorm", "AlphaDropout", "FeatureAlphaDropout", "SyncBatchNorm")
@@ -158,6 +159,14 @@ def eval_inference_mode(ctx):
         yield ctx.skip("No evaluation forward was observed.")
         return
     ng = [s for s in sites if not s.grad_enabled and not s.inference_mode and not s.training]
+    graphs = [s for s in sites if s.grad_enabled and not s.inference_mode]
+    if not ng and graphs:
+        # no pass beside eval.no-grad's warning: these forwards ran with grad on, not under inference_mode
+        n = sum(s.count for s in graphs)
+        yield ctx.skip(f"{n} of {sum(s.count for s in sites)} evaluation forward(s) ran with gradients enabled "
+                       "(eval.no-grad and eval.train-mode judge them): neither no_grad nor inference_mode to compare.",
+                       title="Evaluation with gradients enabled")
+        return
     if not ng:
         im = sum(s.count for s in sites if s.inference_mode)
         yield ctx.passed(f"{im} of {sum(s.count for s in sites)} evaluation forward(s) ran under inference_mode; "
@@ -260,7 +269,11 @@ def eval_small_batch(ctx):
     steps; batches of token sequences holding 2,048 tokens or more (a language model's few long
     sequences) pass; the measured samples/s and per-batch time are in the message. When the memory plan
     estimated the largest evaluation batch and it is under 2x the observed one, passes (no memory to
-    spare); memory.eval-batch reports the estimated largest batch."""
+    spare); memory.eval-batch reports the estimated largest batch. On a CPU a forward's cost grows with
+    its batch (batch 8 and 64 measured the same samples/s), so a CPU evaluation is judged on a measured
+    per-batch fixed cost only: from batches of two sizes (a last partial batch), t(b) = fixed + b x
+    per-sample; a warning when the fixed cost is at least half a batch's time, else (or unmeasured) a
+    pass. Located at the evaluation DataLoader(...) call where the batch size is set."""
     ev = ctx.evidence
     r = ev.primary
     tp = r.eval_throughput()
@@ -294,9 +307,31 @@ def eval_small_batch(ctx):
     if max_eval is not None and max_eval < 2 * batch:
         yield ctx.passed(f"Evaluation runs at batch {batch}; the memory plan says at most {max_eval} fits.", **numbers)
         return
-    site = next(iter(eval_sites(r)), None)
+    esites = eval_sites(r)
+    on_cuda = any(str(d).startswith("cuda") for s in esites for m in [r.model(s.model)] if m for d in m.devices)
+    fixed = _fixed_cost(r)
+    numbers.update(cuda=on_cuda, **(fixed or {}))
+    if not on_cuda:
+        # on a CPU a forward's cost grows with its batch (measured: batch 8 and 64 gave the same
+        # evaluation throughput, 1,389 vs 1,391 samples/s): a larger batch helps only where a per-batch
+        # fixed cost was measured to dominate
+        if fixed is None:
+            yield ctx.passed(f"Evaluation runs at batch {batch} on the CPU, where a forward's cost grows with its "
+                             "batch; the per-batch fixed cost was not measured (every evaluation batch had the same "
+                             "size), so a larger batch is not predicted to help.", **numbers,
+                             title="Small evaluation batches on the CPU")
+            return
+        if fixed["fixed_share"] < FIXED_COST_SHARE:
+            yield ctx.passed(f"Evaluation runs at batch {batch} on the CPU; the measured per-batch fixed cost is "
+                             f"{fmt_seconds(fixed['fixed_cost_s'])} ({pct(fixed['fixed_share'])} of a batch), so a "
+                             "larger batch would gain little.", **numbers, title="Small evaluation batches on the CPU")
+            return
+    site = next(iter(esites), None)
     loaders = r.eval_loaders()
     where = loaders[0].location if loaders and loaders[0].location else (site.location if site else None)
+    built = constructed_at(getattr(ev.run, "script_facts", None), loaders[0].location) if loaders else None
+    where = {"file": built["file"], "line": built["line"]} if built else where   # where the batch size is set
+    graphs = any(s.grad_enabled and not s.inference_mode and s.output_requires_grad for s in esites)
     sps = tp["samples_per_s"]
     target = 64 if max_eval is None else max(2 * batch, min(1 << (int(max_eval).bit_length() - 1), 1024))
     fw = framework_of(ev)
@@ -316,7 +351,11 @@ def eval_small_batch(ctx):
                 + (f" at {sps:,.0f} samples/s" if sps else "")
                 + f" ({fmt_seconds(tp['median_step_s'])} per batch): each forward pays its fixed per-call cost "
                   f"for {batch} sample(s)"
+                + (f" (measured: {fmt_seconds(fixed['fixed_cost_s'])}, {pct(fixed['fixed_share'])} of a batch)"
+                   if fixed else "")
                 + (f", and up to {max_eval:,} fit (memory plan)." if max_eval else
+                   ", and under no_grad (see eval.no-grad: these forwards build graphs today) an evaluation forward "
+                   "keeps no activations for a backward, so a much larger batch fits." if graphs else
                    ", and an evaluation forward keeps no activations for a backward, so a much larger batch fits."),
         evidence=numbers,
         why="Per-forward overhead (Python, dispatch, kernel launches; on a GPU, a nearly idle device) is paid per "
@@ -325,6 +364,27 @@ def eval_small_batch(ctx):
         snippet=snippet,
         location=loc(where),
     )
+
+
+def _fixed_cost(r) -> dict | None:
+    """The per-batch fixed cost measured from evaluation batches of two sizes (a last, partial batch
+    is the usual second size): t(b) = fixed + b x per_sample, from the median time at each size.
+    {fixed_cost_s, per_sample_s, fixed_share (of the common batch's time), sizes} or None."""
+    by: dict = {}
+    steps = [s for s in r.eval_steps if not s.instrumented and s.samples and s.total_s > 0]
+    for s in steps[1:] if len(steps) > 3 else steps:
+        by.setdefault(int(s.samples), []).append(s.total_s - s.data_s)
+    if len(by) < 2:
+        return None
+    common = max(by, key=lambda b: len(by[b]))
+    other = max((b for b in by if b != common), key=lambda b: abs(b - common))
+    t1, t2 = median(by[common]), median(by[other])
+    per = (t1 - t2) / (common - other)
+    if per <= 0:
+        return None          # noise: a bigger batch no slower than a smaller one says nothing
+    fixed = max(t1 - per * common, 0.0)
+    return {"fixed_cost_s": round(fixed, 7), "per_sample_s": round(per, 8),
+            "fixed_share": round(fixed / t1, 4) if t1 > 0 else None, "sizes": [common, other]}
 
 
 @check(id="eval.host-sync", title="Host syncs on every evaluation batch", severity="warning",

@@ -184,6 +184,12 @@ class Run:
         run = self.evidence.run
         run.id = self.run_dir.name
         run.script = self.script
+        try:   # the script's own flags and DataLoader(...) calls: where a fix is made (diag/scriptfacts.py)
+            from diag.scriptfacts import read as _read_facts
+
+            run.script_facts = _read_facts(self.script) if self.script else None
+        except Exception:
+            run.script_facts = None
         run.args = redact_args(list(config.args))
         run.cwd = os.getcwd()
         run.run_dir = str(self.run_dir)

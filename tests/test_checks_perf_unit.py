@@ -270,13 +270,27 @@ def test_anomaly_from_environment_when_extension_missing():
 
 # ---- compile.unused ---------------------------------------------------------------------------------
 
+def _stopped(ev):
+    """A run diag stopped at its step limit: its whole length is unknown (compile.unused may advise)."""
+    ev.run.status, ev.run.stop_reason = "stopped", "--steps 20 reached"
+    return ev
+
+
 def test_compile_unused_info_states_break_even():
-    f = run("compile.unused", cpu_run())[0]
+    from diag.checks.tuning import _two_figures
+
+    f = run("compile.unused", _stopped(cpu_run()))[0]
     assert f.severity is Severity.INFO
     # forward+backward 14 of 20 ms; saving = 20 - 20 / (1/(0.3 + 0.7/1.43)) ms
     saving = 0.02 - 0.02 * (0.3 + 0.7 / 1.43)
     assert f.evidence["expected_saving_per_step_s"] == pytest.approx(saving, abs=1e-6)
-    assert f.evidence["break_even_steps"] == int(60 / saving) + 1
+    assert f.evidence["break_even_steps"] == _two_figures(int(60 / saving) + 1) == 14000
+    assert "this run was stopped after 20" in f.message
+    # a run that ended by itself in fewer steps than the break-even: compile would not pay off (issue 33)
+    ev = cpu_run()
+    ev.run.status = "completed"
+    f = run("compile.unused", ev)[0]
+    assert f.severity is Severity.PASS and "need not be for this run" in f.message
 
 
 def test_compile_unused_speaks_the_trainers_switch_under_transformers():
@@ -284,16 +298,16 @@ def test_compile_unused_speaks_the_trainers_switch_under_transformers():
     wrapping a model the Trainer builds around; plain PyTorch keeps torch.compile(model)."""
     from diag.evidence import FrameworkInfo
 
-    ev = cpu_run()
+    ev = _stopped(cpu_run())
     ev.primary.framework = FrameworkInfo(name="transformers", version="5", entry=None)
     f = run("compile.unused", ev)[0]
     assert f.severity == Severity.INFO
     assert "TrainingArguments(torch_compile=True)" in f.fix and "torch_compile=True" in f.snippet
-    assert "torch.compile(model)" in run("compile.unused", cpu_run())[0].fix
+    assert "torch.compile(model)" in run("compile.unused", _stopped(cpu_run()))[0].fix
 
 
 def test_compile_unused_says_data_first_and_passes_when_compiled():
-    f = run("compile.unused", cpu_run(data=0.012, fwd=0.003, bwd=0.003))[0]
+    f = run("compile.unused", _stopped(cpu_run(data=0.012, fwd=0.003, bwd=0.003)))[0]
     assert "fix the data pipeline first" in f.message
     assert sev("compile.unused", cpu_run(wrappers=["compiled"])) == [Severity.PASS]
     assert sev("compile.unused", cpu_run(extras={"compile": {"calls": 1, "models": [1]}})) == [Severity.PASS]

@@ -104,20 +104,21 @@ def test_train_mode_warns_with_dropout_and_is_info_without():
 # ---- small batches, host syncs, data wait -----------------------------------------------------------------
 
 def test_small_batch_warns_over_many_batches_and_respects_the_memory_plan():
-    (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, total_s=0.002, samples=1).build())
+    """On a GPU (a CPU evaluation is judged on a measured fixed cost: test_false_alarms.py)."""
+    (f,) = run_check("eval.small-batch", _eval_run(device="cuda:0").eval_steps(64, total_s=0.002, samples=1).build())
     assert f.severity == Severity.WARNING and f.evidence["eval_batch"] == 1
     assert f.evidence["samples_per_s"] == pytest.approx(500.0)
     assert "DataLoader batch_size=64" in f.fix and "DataLoader(" in f.snippet
     # batches made by a get_batch-style helper (nanoGPT's estimate_loss): no DataLoader to point at
     b = EvidenceBuilder().environment(cpu_count=8)
-    (f,) = run_check("eval.small-batch", b.eval_model().eval_steps(64, total_s=0.002, samples=1).build())
+    (f,) = run_check("eval.small-batch", b.eval_model(device="cuda:0").eval_steps(64, total_s=0.002, samples=1).build())
     assert f.severity == Severity.WARNING and "DataLoader batch_size" not in f.fix and not f.snippet
     assert "where the evaluation loop makes them" in f.fix
-    (f,) = run_check("eval.small-batch", _eval_run().eval_steps(8, total_s=0.002, samples=1).build())
+    (f,) = run_check("eval.small-batch", _eval_run(device="cuda:0").eval_steps(8, total_s=0.002, samples=1).build())
     assert f.severity == Severity.PASS            # too few batches to matter
-    (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, samples=64).build())
+    (f,) = run_check("eval.small-batch", _eval_run(device="cuda:0").eval_steps(64, samples=64).build())
     assert f.severity == Severity.PASS
-    ev = _eval_run().eval_steps(64, total_s=0.002, samples=4).build()
+    ev = _eval_run(device="cuda:0").eval_steps(64, total_s=0.002, samples=4).build()
     ev.memory_plan["verdict"] = {"max_eval_batch": 6}
     (f,) = run_check("eval.small-batch", ev)
     assert f.severity == Severity.PASS            # no memory to spare
@@ -364,10 +365,10 @@ def test_mfu_on_an_evaluation_only_run_says_it_trained_no_step():
 def test_small_batch_passes_a_language_models_few_long_sequences():
     """nanoGPT's estimate_loss evaluates 8-12 sequences of 1,024 tokens a batch: each forward already
     has thousands of rows, and the per-call cost is not what limits it. Eight short sequences still warn."""
-    (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, total_s=0.05, samples=8, tokens=8 * 1024).build())
+    (f,) = run_check("eval.small-batch", _eval_run(device="cuda:0").eval_steps(64, total_s=0.05, samples=8, tokens=8 * 1024).build())
     assert f.severity == Severity.PASS
     assert "8,192 tokens" in f.message and f.evidence["eval_tokens"] == 8192
-    (f,) = run_check("eval.small-batch", _eval_run().eval_steps(64, total_s=0.002, samples=8, tokens=8 * 32).build())
+    (f,) = run_check("eval.small-batch", _eval_run(device="cuda:0").eval_steps(64, total_s=0.002, samples=8, tokens=8 * 32).build())
     assert f.severity == Severity.WARNING
 
 
@@ -376,7 +377,7 @@ def test_small_batch_fix_is_the_trainers_own_argument_under_a_framework():
     the fix names the knob they turn (seen on a Trainer run with per_device_eval_batch_size=8)."""
     from diag.evidence import FrameworkInfo
 
-    ev = _eval_run().eval_steps(64, total_s=0.002, samples=8).build()
+    ev = _eval_run(device="cuda:0").eval_steps(64, total_s=0.002, samples=8).build()
     ev.primary.framework = FrameworkInfo(name="transformers", version="5", entry=None)
     (f,) = run_check("eval.small-batch", ev)
     assert f.severity == Severity.WARNING

@@ -99,3 +99,109 @@ def test_attach_and_check_share_the_advice_on_a_cpu_run():
     _host(ev, host_cpu=100.0, run_cpu=30.0, load=6.0)
     (f,) = [x for x in judge(ev, select=["dataloader.workers"]) if x.id == "dataloader.workers"]
     assert f.severity is Severity.INFO and "will not help" in f.message
+
+
+# ---- eval.small-batch: a measured per-batch fixed cost on the CPU --------------------------------------
+
+def _cpu_eval(sizes_and_times, grad=False):
+    from diag.testing import EvidenceBuilder
+
+    b = EvidenceBuilder().environment(cpu_count=2)
+    b.eval_model(grad_enabled=grad, inference_mode=not grad)
+    b.dataloader(batch_size=8, role="eval", batches=len(sizes_and_times), wait_s=0.001,
+                 location={"file": "/w/train.py", "line": 60})
+    ev = b.eval_steps(len(sizes_and_times), total_s=0.01, samples=8).build()
+    for s, (n, t) in zip(ev.primary.eval_steps, sizes_and_times):
+        s.samples, s.total_s, s.data_s, s.forward_s = n, t, 0.0, t
+    if grad:
+        ev.primary.forwards[0].output_requires_grad = True
+    return ev
+
+
+def test_small_batch_on_the_cpu_is_judged_on_a_measured_fixed_cost():
+    """llm.c validates at the training batch and run_clm_no_trainer at batch 8: a warning on the CPU,
+    where batch 8 and 64 measured the same throughput (1,389 vs 1,391 samples/s)."""
+    # all batches one size: the fixed cost is not measured -> pass
+    (f,) = run_check("eval.small-batch", _cpu_eval([(8, 0.010)] * 40))
+    assert f.severity is Severity.PASS and "not measured" in f.message
+    # a last partial batch of 2 at a quarter of the time: cost proportional to the batch -> pass
+    (f,) = run_check("eval.small-batch", _cpu_eval([(8, 0.010)] * 39 + [(2, 0.0025)]))
+    assert f.severity is Severity.PASS and f.evidence["fixed_share"] < 0.1
+    # a partial batch of 2 nearly as slow as a full one: the per-call cost dominates -> warning, with it
+    ev = _cpu_eval([(8, 0.010)] * 39 + [(2, 0.009)])
+    (f,) = run_check("eval.small-batch", ev)
+    assert f.severity is Severity.WARNING and f.evidence["fixed_share"] > 0.5 and "measured:" in f.message
+
+
+def test_small_batch_does_not_contradict_eval_no_grad():
+    """The same report said eval.no-grad keeps 7.9 MiB per forward and eval.small-batch "an evaluation
+    forward keeps no activations": with graphs built, the text says so."""
+    ev = _cpu_eval([(8, 0.010)] * 39 + [(2, 0.009)], grad=True)
+    (f,) = run_check("eval.small-batch", ev)
+    assert "under no_grad (see eval.no-grad" in f.message
+
+
+def test_no_inference_mode_pass_beside_a_no_grad_warning():
+    """"pass: Evaluation under inference_mode" stood next to "WARNING: Evaluation without no_grad"."""
+    from diag.testing import EvidenceBuilder
+
+    b = EvidenceBuilder().environment(cpu_count=2)
+    ev = b.eval_model(grad_enabled=True, inference_mode=False).eval_steps(10, samples=8).build()
+    ev.primary.forwards[0].output_requires_grad = True
+    (ng,) = run_check("eval.no-grad", ev)
+    (im,) = run_check("eval.inference-mode", ev)
+    assert ng.severity is Severity.WARNING
+    assert im.severity is Severity.SKIPPED and "gradients enabled" in im.message
+
+
+# ---- compile.unused: the run's own length, load, and the script's own flag -----------------------------
+
+def _train(n=200, fwd=0.004, bwd=0.006, status="completed", stop=None, facts=None, stalls=0):
+    st = [StepRecord(index=i + 1, total_s=0.012 + (0.2 if i < stalls else 0.0), data_s=0.001,
+                     forward_s=fwd + (0.1 if i < stalls else 0.0), backward_s=bwd + (0.1 if i < stalls else 0.0),
+                     optimizer_s=0.001) for i in range(n)]
+    r = RankEvidence(steps=st, models=[ModelInfo(id=1, devices=["cpu"])],
+                     forwards=[ForwardSite(key="s1", model=1, count=n, in_step=True, training=True)])
+    r.step_stats.count = r.step_stats.timed = n
+    ev = ev_with(r, cpus=2)
+    ev.run.status, ev.run.stop_reason, ev.run.script_facts = status, stop, facts
+    return ev
+
+
+def test_compile_unused_silent_beyond_the_runs_own_length():
+    """Break-evens of 17,903 steps for a 200-epoch script and 769,344 for the DDP tutorial: a run that
+    ended by itself before its break-even passes; one diag stopped still gets the condition."""
+    (f,) = run_check("compile.unused", _train())
+    assert f.severity is Severity.PASS and f.evidence["break_even_steps"] > 200
+    (f,) = run_check("compile.unused", _train(status="stopped", stop="--steps 200 reached"))
+    assert f.severity is Severity.INFO and "stopped after 200" in f.message
+
+
+def test_compile_unused_break_even_is_stable_under_load():
+    """Swinging 10x with machine load: a quarter of the steps stalled by 100 ms each does not move it."""
+    quiet = run_check("compile.unused", _train(status="stopped", stop="x"))[0].evidence["break_even_steps"]
+    loaded = run_check("compile.unused", _train(status="stopped", stop="x", stalls=45))[0].evidence["break_even_steps"]
+    assert quiet == loaded
+
+
+def test_compile_unused_names_the_scripts_own_flag():
+    import textwrap
+
+    from diag.scriptfacts import read
+
+    src = textwrap.dedent('''
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--compile", action="store_true")
+        p.add_argument("--num-workers", type=int, default=0)
+        args = p.parse_args()
+    ''')
+    import tempfile, os
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write(src)
+    try:
+        facts = read(fh.name)
+    finally:
+        os.unlink(fh.name)
+    (f,) = run_check("compile.unused", _train(status="stopped", stop="x", facts=facts))
+    assert "--compile" in f.fix and "line 4" in f.fix and f.location.line == 4 and f.snippet is None

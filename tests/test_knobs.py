@@ -394,7 +394,7 @@ def test_fused_under_the_trainer_for_another_class_is_not_the_adamw_string():
     ("accelerate", "val_loader = DataLoader(val_set, batch_size=64)"),
 ])
 def test_eval_small_batch_speaks_the_framework(fw, text):
-    (f,) = run("eval.small-batch", _fw(_eval_run().eval_steps(64, total_s=0.002, samples=8).build(), fw))
+    (f,) = run("eval.small-batch", _fw(_eval_run(device="cuda:0").eval_steps(64, total_s=0.002, samples=8).build(), fw))
     assert f.severity is Severity.WARNING and text in f.snippet
     assert f.evidence["knob"] == "eval.batch" and f.evidence["framework"] == fw
 
@@ -406,6 +406,8 @@ def test_eval_small_batch_speaks_the_framework(fw, text):
     ("accelerate", 'Accelerator(dynamo_backend="inductor")'),
 ])
 def test_compile_unused_speaks_the_framework(fw, text):
-    (f,) = run("compile.unused", _fw(cuda_run(), fw))
+    ev = _fw(cuda_run(), fw)
+    ev.run.status, ev.run.stop_reason = "stopped", "--steps 20 reached"   # a longer run than the one seen
+    (f,) = run("compile.unused", ev)
     assert f.severity is Severity.INFO and text in f.snippet
     assert f.evidence["knob"] == "compile" and f.evidence["framework"] == fw

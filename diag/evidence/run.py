@@ -26,6 +26,7 @@ class RunInfo:
     sources: list[str] = field(default_factory=list)  # for merged evidence: the files merged
     kind: str | None = None             # training | evaluation | training+evaluation | none: what the run did (RankEvidence.run_kind of rank 0; set when the run ends)
     source: str = "probe"               # probe: observed by the probe in the script | attach: sampled from outside (diag attach)
+    script_facts: dict[str, Any] | None = None  # read from the script's source by diag (never run): its own flags (flag, dest, line, default), DataLoader(...) calls (line, names, num_workers_from), iterated names per line; null when unreadable
 
 
 @dataclass
