@@ -462,3 +462,31 @@ def test_copy_of_live_evidence_is_complete_and_independent():
     assert len(c.primary.steps) == steps and c.primary.step_stats.count == count
     assert "steps" not in c.primary.memory and all(s.count != 999 for s in c.primary.forwards)
     assert c.primary.extras.get("end_reason") != "done"
+
+
+def test_save_message_cuts_paths_after_a_slash_only():
+    """The `w` message: the folder once, cut after a "/" (never mid-name), then the file names."""
+    from diag.tui.fmt import saved_message, wrap_path
+
+    folder = "/home/alice/projects/some-long-project-name/.diag/runs/20261202-141000-demo"
+    msg = saved_message([f"{folder}/evidence.json", f"{folder}/report.json", f"{folder}/report.txt"],
+                        cwd="/elsewhere", width=34)
+    lines = msg.splitlines()
+    assert lines[0] == "saved in" and lines[-1].strip() == "evidence.json, report.json, report.txt"
+    body = lines[1:-1]
+    assert "".join(body) == folder + "/" and all(len(ln) <= 34 and ln.endswith("/") for ln in body)
+    assert saved_message([f"{folder}/r.json"], cwd="/home/alice/projects/some-long-project-name").splitlines()[1] \
+        == ".diag/runs/20261202-141000-demo/"
+    assert wrap_path("/a/" + "x" * 50, 10) == ["/a/", "x" * 50]     # a name longer than the line stays whole
+
+
+def test_checks_detail_shows_the_fix_before_why_and_the_numbers():
+    """At 80x24 the detail pane shows ~10 lines: the fix comes right after the message and location."""
+    from diag.tui.widgets.checks import detail_renderable
+
+    f = next(x for x in demo_findings() if x.id == "dataloader.workers")
+    lines = [ln.strip() for ln in plain(detail_renderable(f), 76).splitlines()]
+    fix = next(i for i, ln in enumerate(lines) if ln.startswith("fix "))
+    why = next(i for i, ln in enumerate(lines) if ln.startswith("why it matters"))
+    nums = lines.index("the numbers")
+    assert fix < why < nums and fix <= 9, lines[:12]

@@ -92,3 +92,72 @@ async def test_checks_summary_of_an_evaluation_run_counts_evaluation_steps():
         await pilot.pause(0.3)
         text = widget_text(app, "#checks-summary", 110)
         assert "judged on the whole run (20 evaluation steps)" in text and "(0 steps)" not in text
+
+
+# ---- issue 30: the Cost tab in the units of the run ---------------------------------------------------
+
+def test_eval_interval_line_never_offers_a_negative_saving():
+    """A run whose interval is irregular (every unknown): the line offers the nearest sparser interval
+    that saves time, never one that costs more ("would save -89422.94 ms")."""
+    from diag.cost.eval import EvalFrequency, IntervalRow
+    from diag.tui.models.cost import CostResult
+    from diag.tui.widgets.cost import eval_renderable
+
+    rows = [IntervalRow(every=e, share=0.1, eval_s_per_1000_steps=0.0, delta_s_per_1000_steps=d,
+                        delta_cost_per_1000_steps=None, current=(e == 10))
+            for e, d in ((2.5, 90.0), (5, 30.0), (10, 0.0), (20, -15.0), (40, -22.5), (100, -27.0))]
+    freq = EvalFrequency(passes=4, every=None, per_pass_s=0.1, step_s=0.01, eval_s=0.4, train_s=0.4,
+                         share=0.5, rows=rows)
+    text = eval_renderable(CostResult(), freq).plain
+    assert "save -" not in text and "every 20 steps would save 15.0 s" in text
+    only_costlier = EvalFrequency(passes=4, every=10, per_pass_s=0.1, step_s=0.01, eval_s=0.4, train_s=0.4,
+                                  share=0.5, rows=rows[:3])
+    assert "would save" not in eval_renderable(CostResult(), only_costlier).plain
+
+
+async def test_cost_tab_on_a_cpu_run_speaks_wall_clock_and_derives_evaluate_on(monkeypatch):
+    freeze_catalogue(monkeypatch)
+    from diag.tui.models.cost import prefill
+
+    ev = _train_with_eval()
+    assert prefill(ev).inputs.eval == "192"           # formula basis (tokens), samples measured: one pass
+    ev.primary.flops["measured"] = {
+        "step": 3, "flops": 6e6 * 32, "model_flops": 6e6 * 32, "forward_flops": 2e6 * 32,
+        "backward_flops": 4e6 * 32, "recompute_detected": False, "samples": 32, "tokens": None, "n_forward": 1,
+        "params": 1e6, "precision": "fp32", "device": "cpu", "device_name": None, "gpu": None,
+        "peak_flops": None, "peak_note": "CPU run: the catalogue has no CPU peaks", "world_size": 1,
+        "compiled": False}
+    pre = prefill(ev)
+    # evaluation per training unit as the run did it: 3 batches of 64 samples a pass, a pass every 10
+    # steps of 32 samples: 192 / 320 = 0.6
+    assert pre.measured is not None and pre.eval_measured is not None
+    assert any("the run's ratio" in n for n in pre.notes), pre.notes
+    app = replay_app("cost", evidence=ev, findings=[], scenario=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.5)
+        pane = app.pane("cost")
+        train = pane.result.main.training.units
+        assert pane.result.eval_measured.units == pytest.approx(0.6 * train, rel=0.01)   # 3-digit form text
+        text = widget_text(app, "#cost-main", 120) + widget_text(app, "#cost-plan", 120)
+        assert "GPU-hours" not in text and "$" not in text and "N/A (no price)" not in text
+        assert "on this CPU" in text and "wall clock" in text
+        assert "--" not in text                      # no command-line option inside the form
+        # a price typed: the money comes back (asked for)
+        field = app.query_one("#cost-price")
+        field.focus()
+        await pilot.press(*"2.5")
+        await pilot.pause(0.2)
+        text = widget_text(app, "#cost-main", 120)
+        assert "GPU-hours" in text and "$" in text
+
+
+def test_cost_form_never_says_pass_an_option():
+    from diag.tui.models.cost import CostInputs, compute
+    from diag.tui.widgets.cost import form_words, main_renderable
+
+    res = compute(CostInputs(params="7B", work="140B", gpu="h100-sxm", count="8"))
+    assert "pass --mfu" in res.main.mfu_basis                  # the engine's words, for the command line
+    text = plain(main_renderable(res, "tokens"), 120)
+    assert "--mfu" not in text and "MFU field" in text
+    assert form_words("no price in the catalogue (pass --price)") == \
+        "no price in the catalogue (type one in the price field)"

@@ -13,6 +13,7 @@ the data it shows changed; hidden tabs catch up when they are shown.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -302,7 +303,11 @@ class DiagApp(App[int]):
             self.notify(f"could not save: {e}", severity="error")
             return
         if paths:
-            self.notify("saved " + ", ".join(str(p) for p in paths), timeout=8)
+            from diag.tui.fmt import saved_message
+
+            # the toast is at most 60 cells and half the screen wide, less its padding and border
+            width = max(20, min(60, self.size.width // 2) - 6)
+            self.notify(saved_message(paths, os.getcwd(), width), timeout=8, markup=False)
         else:
             self.notify("nothing to save yet", timeout=3)
 

@@ -1,6 +1,8 @@
 """Formatting helpers for the TUI panes (pure functions: no textual, easy to test)."""
 from __future__ import annotations
 
+import re
+
 import math
 from typing import Any
 
@@ -121,3 +123,34 @@ def short_path(path: str | None, cwd: str | None = None) -> str:
     return path
 
 
+
+
+def wrap_path(path: str, width: int) -> list[str]:
+    """A path cut into lines of at most ``width`` characters after a "/" (never inside a name, unless one
+    name alone is longer than the line)."""
+    lines: list[str] = []
+    cur = ""
+    for part in re.split(r"(?<=/)", path):
+        if cur and len(cur) + len(part) > width:
+            lines.append(cur)
+            cur = ""
+        cur += part
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def saved_message(paths, cwd: str | None = None, width: int = 40) -> str:
+    """The `w` key's message: the folder once (cut after a "/", never mid-name), then the file names."""
+    from pathlib import Path
+
+    paths = [Path(str(p)) for p in paths]
+    folders = {str(p.parent) for p in paths}
+    if len(folders) == 1:
+        folder = short_path(folders.pop(), cwd) or "."
+        head = wrap_path(folder.rstrip("/") + "/", width)
+        return "\n".join(["saved in"] + head + ["  " + ", ".join(p.name for p in paths)])
+    out = ["saved"]
+    for p in paths:
+        out += wrap_path(short_path(str(p), cwd), width)
+    return "\n".join(out)

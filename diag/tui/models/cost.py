@@ -143,7 +143,24 @@ def prefill(evidence=None, device_names: list[str] | None = None) -> Prefill:
     if em is not None:
         pre.eval_measured = em
         loaders = [d for d in evidence.primary.eval_loaders() if d.dataset_len]
-        if em.unit == "samples" and loaders:
+        try:
+            freq = eval_frequency(evidence, catalog=catalog())
+        except DiagError:
+            freq = None
+        ratio = eval_ratio(em, evidence, freq)
+        form_unit = m.unit if (m is not None and inputs.basis == MEASURED) else "tokens"
+        train_units = _units_of(inputs.work, m if inputs.basis == MEASURED else None, params) \
+            if em.unit == form_unit else None
+        if ratio is not None and train_units:
+            # a training run that evaluates: as much evaluation per training unit as the run did
+            inputs.eval = _si_text(ratio * train_units)
+            what = (f"the run's ratio ({_si_text(ratio * 1000)} evaluation {em.unit} per 1,000 training "
+                    f"{em.unit}: a pass every {freq.every or 0:.0f} steps)")
+        elif em.kind != "evaluation" and freq is not None and freq.passes and em.batch:
+            # a training run whose training side is in another unit: one of its evaluation passes
+            inputs.eval = _si_text(em.batch * em.steps / freq.passes)
+            what = "one of the run's evaluation passes (type the total you will evaluate on)"
+        elif em.unit == "samples" and loaders:
             inputs.eval = _si_text(max(d.dataset_len for d in loaders))
             what = "the evaluation set's size"
         else:
@@ -151,11 +168,34 @@ def prefill(evidence=None, device_names: list[str] | None = None) -> Prefill:
             what = "an hour of that throughput"
         pre.notes.append(f"evaluation measured: {em.units_per_s:,.1f} {em.unit}/s on {em.device_name or em.device} "
                          f"over {em.steps} evaluation steps; 'evaluate on' starts at {what}")
-        try:
-            pre.frequency = eval_frequency(evidence, catalog=catalog())
-        except DiagError:
-            pre.frequency = None
+        pre.frequency = freq
     return pre
+
+
+def eval_ratio(em, evidence, freq) -> float | None:
+    """Evaluation units per training unit, as the run did them (units per pass over the units trained
+    between passes); None unless a training run measured its evaluation interval and both sides in the
+    evaluation's unit."""
+    if em is None or freq is None or not em.batch or not freq.passes or not (freq.every or 0) > 0:
+        return None
+    st = evidence.primary.step_stats
+    trained = st.tokens if em.unit == "tokens" else st.samples
+    if not st.count or not trained:
+        return None
+    per_pass = em.batch * em.steps / freq.passes
+    return per_pass / (trained / st.count * freq.every)
+
+
+def _units_of(work: str, m, params) -> float | None:
+    """The training units the prefilled 'train on' stands for (``m`` None: the formula's tokens)."""
+    if m is None:
+        return 20.0 * params if params else None
+    ep = _EPOCHS.match(work or "")
+    if ep:
+        return float(ep.group(1)) * m.units_per_epoch if m.units_per_epoch else None
+    if m.unit == "tokens" and params:
+        return 20.0 * params
+    return m.units_per_s * 3600
 
 
 _EPOCHS = re.compile(r"^\s*([0-9.]+)\s*(epochs?|ep)\s*$", re.IGNORECASE)

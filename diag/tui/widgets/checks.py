@@ -1,5 +1,5 @@
 """The Checks tab: findings sorted by severity (re-judged as the run goes on) and a detail pane
-with the numbers, why it matters, the fix, its snippet and the line in the user's script."""
+with the line in the user's script, the fix and its snippet, why it matters, and the numbers."""
 from __future__ import annotations
 
 from rich.console import Group
@@ -85,6 +85,15 @@ def detail_renderable(f: Finding | None, cwd: str | None = None):
         if f.location.function:
             loc.append(f" (in {f.location.function})", style="dim")
         parts.append(loc)
+    # the fix first (it is what the reader came for: on 80x24 it shows without scrolling), then why,
+    # then the raw numbers
+    if f.fix:
+        parts.append(Text.assemble(("fix ", "bold green"), f.fix))
+    if f.snippet:
+        parts.append(Syntax(f.snippet.rstrip("\n"), "python", theme="ansi_dark",
+                            background_color="default", word_wrap=True))
+    if f.why:
+        parts.append(Text.assemble(("why it matters ", "bold"), f.why))
     nums = {k: v for k, v in (f.evidence or {}).items() if k != "traceback" and v is not None}
     if nums:
         table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 1))
@@ -94,13 +103,6 @@ def detail_renderable(f: Finding | None, cwd: str | None = None):
             table.add_row(str(k), fmt.fmt_value(v))
         parts.append(Text("the numbers", style="bold"))
         parts.append(table)
-    if f.why:
-        parts.append(Text.assemble(("why it matters ", "bold"), f.why))
-    if f.fix:
-        parts.append(Text.assemble(("fix ", "bold green"), f.fix))
-    if f.snippet:
-        parts.append(Syntax(f.snippet.rstrip("\n"), "python", theme="ansi_dark",
-                            background_color="default", word_wrap=True))
     tb = (f.evidence or {}).get("traceback")
     if tb and f.severity is Severity.CRASHED:
         parts.append(Text(str(tb).rstrip(), style="magenta"))

@@ -62,29 +62,47 @@ def price_text(e) -> str:
     return f"price: ${e.price_per_gpu_hour:.2f} per GPU-hour (indicative catalogue price{extra})"
 
 
+_FORM_WORDS = (("pass --mfu", "type one in the MFU field"), ("pass --price", "type one in the price field"),
+               ("lower --mfu", "lower the MFU"), ("with --gpu", "in the GPU field"),
+               ("estimate with --params instead", "choose the formula basis instead"))
+
+
+def form_words(text: str) -> str:
+    """An engine sentence in the form's words: fields, not the command line's options."""
+    for cli, form in _FORM_WORDS:
+        text = text.replace(cli, form)
+    return text
+
+
 def _hours(h: float) -> str:
     return units.fmt_hours(h, style="compact")
 
 
-def main_renderable(res: CostResult, unit_hint: str, freq=None):
+def main_renderable(res: CostResult, unit_hint: str, freq=None, cpu: bool = False):
+    """The estimate. ``cpu``: a CPU run on its own device with no price typed: wall clock only (no
+    GPU-hours, no money; typing a price brings them back)."""
     if res.error:
-        return Text.assemble(("✘ ", "bold red"), (res.error, "red"))
+        return Text.assemble(("✘ ", "bold red"), (form_words(res.error), "red"))
     e = res.main
     t = Table(box=None, pad_edge=False, padding=(0, 1), expand=False, show_edge=False)
     t.add_column("", no_wrap=True, style="bold")
     t.add_column(e.unit, justify="right", no_wrap=True)
     t.add_column("FLOPs", justify="right", no_wrap=True)
-    t.add_column("GPU-hours", justify="right", no_wrap=True)
+    if not cpu:
+        t.add_column("GPU-hours", justify="right", no_wrap=True)
     t.add_column("wall clock", justify="right", no_wrap=True)
-    t.add_column("cost", justify="right", no_wrap=True)
+    if not cpu:
+        t.add_column("cost", justify="right", no_wrap=True)
     for name, part in (("training", e.training), ("evaluation", e.eval)):
         if part is None:
             continue
-        t.add_row(name, units_text(part.units), f"{part.flops:.3g}", _hours(part.gpu_hours),
-                  fmt.duration(part.wall_hours * 3600), _money(part.cost))
+        cells = [name, units_text(part.units), f"{part.flops:.3g}", _hours(part.gpu_hours),
+                 fmt.duration(part.wall_hours * 3600), _money(part.cost)]
+        t.add_row(*(cells[:3] + cells[4:5] if cpu else cells))
     if e.eval is not None:
-        t.add_row(Text("total", style="bold"), "", "", _hours(e.gpu_hours), fmt.duration(e.wall_hours * 3600),
-                  Text(_money(e.cost), style="bold green"))
+        cells = [Text("total", style="bold"), "", "", _hours(e.gpu_hours), fmt.duration(e.wall_hours * 3600),
+                 Text(_money(e.cost), style="bold green")]
+        t.add_row(*(cells[:3] + cells[4:5] if cpu else cells))
     head = Text()
     head.append(f"{e.label}", style="bold")
     head.append(f" · {e.precision}")
@@ -92,29 +110,38 @@ def main_renderable(res: CostResult, unit_hint: str, freq=None):
         head.append(f" · peak {fmt.si(e.peak_flops)}FLOP/s")
     head.append("\n")
     head.append("total ", style="bold")
-    head.append(_money(e.cost), style="bold green")
-    head.append(f" · {fmt.duration(e.wall_hours * 3600)} on {e.count} GPU{'s' if e.count != 1 else ''}"
-                f" · {_hours(e.gpu_hours)} GPU-hours", style="bold")
+    if cpu:
+        head.append(f"{fmt.duration(e.wall_hours * 3600)} on this CPU", style="bold green")
+        if e.count != 1:
+            head.append(f" × {e.count} processes", style="bold")
+    else:
+        head.append(_money(e.cost), style="bold green")
+        head.append(f" · {fmt.duration(e.wall_hours * 3600)} on {e.count} GPU{'s' if e.count != 1 else ''}"
+                    f" · {_hours(e.gpu_hours)} GPU-hours", style="bold")
     basis = Text(style="dim")
-    basis.append(f"MFU {fmt.pct(e.mfu) if e.mfu else 'N/A'}: {e.mfu_basis}\n")
-    basis.append(price_text(e) + "\n")
+    basis.append(f"MFU {fmt.pct(e.mfu) if e.mfu else 'N/A'}: {form_words(e.mfu_basis)}\n")
+    if cpu:
+        basis.append("a CPU run: wall clock only (type a price per hour to price it; pick a GPU "
+                     "to see it there)\n")
+    else:
+        basis.append(price_text(e) + "\n")
     if e.basis == "formula":
         basis.append("training 6·N·D, evaluation 2·N·D FLOPs (Kaplan et al. 2020)")
         if e.chinchilla_tokens:
             basis.append(f" · Chinchilla-optimal: {units_text(e.chinchilla_tokens)} tokens")
         basis.append("\n")
     for n in e.notes:
-        basis.append(f"• {n}\n")
+        basis.append(f"• {form_words(n)}\n")
     from rich.console import Group
 
     parts = [head, Text(""), t, Text(""), basis]
-    ev_text = eval_renderable(res, freq)
+    ev_text = eval_renderable(res, freq, cpu=cpu)
     if ev_text is not None:
         parts += [Text(""), ev_text]
     return Group(*parts)
 
 
-def eval_renderable(res: CostResult, freq=None) -> Text | None:
+def eval_renderable(res: CostResult, freq=None, cpu: bool = False) -> Text | None:
     """'evaluate on' priced at the run's measured evaluation throughput, and a training run's
     evaluation share with what other intervals would save."""
     x = res.eval_measured
@@ -124,7 +151,7 @@ def eval_renderable(res: CostResult, freq=None) -> Text | None:
     if x is not None:
         t.append("evaluation at the measured rate", style="bold bright_cyan")
         t.append(f" · {units_text(x.units)} {x.unit} in {fmt.duration(x.seconds)} on {x.label}"
-                 f" · {_money(x.cost)}\n", style="bold")
+                 + ("" if cpu else f" · {_money(x.cost)}") + "\n", style="bold")
         t.append(f"{x.basis}", style="dim")
         if x.flops and x.analytic_flops:
             t.append(f" · {x.flops:.3g} FLOPs measured vs 2·N·D {x.analytic_flops:.3g}", style="dim")
@@ -133,33 +160,45 @@ def eval_renderable(res: CostResult, freq=None) -> Text | None:
         t.append(f"evaluation took {fmt.pct(freq.share)} of training+evaluation time", style="bold")
         if freq.every:
             t.append(f" (every {freq.every:.0f} steps)")
-        rows = [r for r in freq.rows if not r.current and r.every > (freq.every or 0)]
-        if rows:
-            r = rows[0]
+        r = saving_row(freq)
+        if r is not None:
             t.append(f"; every {r.every:.0f} steps would save {fmt.duration(-r.delta_s_per_1000_steps)} per 1,000 "
                      "training steps", style="dim")
-            if r.delta_cost_per_1000_steps is not None:
+            if r.delta_cost_per_1000_steps is not None and not cpu:
                 t.append(f" ({_money(-r.delta_cost_per_1000_steps)})", style="dim")
         t.append("\n")
     return t
 
 
-def plan_renderable(res: CostResult):
+def saving_row(freq):
+    """The sparser evaluation interval that saves time (twice the run's interval when there is one):
+    never a row that costs more, never a saving of nothing."""
+    rows = [r for r in freq.rows if not r.current and r.delta_s_per_1000_steps < 0
+            and r.every > (freq.every or 0)]
+    return min(rows, key=lambda r: r.every) if rows else None
+
+
+def plan_renderable(res: CostResult, cpu: bool = False):
     if res.error or res.plan is None:
         return Text("")
     t = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False)
     t.add_column("phase", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("runs", justify="right", no_wrap=True)
-    t.add_column("GPU-hours", justify="right", no_wrap=True)
+    if not cpu:
+        t.add_column("GPU-hours", justify="right", no_wrap=True)
     t.add_column("wall clock", justify="right", no_wrap=True)
-    t.add_column("cost", justify="right", no_wrap=True)
+    if not cpu:
+        t.add_column("cost", justify="right", no_wrap=True)
+
+    def row(*cells):
+        t.add_row(*(cells[:3] + cells[4:5] if cpu else cells))
+
     for ph, e in res.plan.phases:
-        t.add_row(ph.name, fmt.pct(ph.fraction), str(ph.runs), _hours(e.gpu_hours * ph.runs),
-                  fmt.duration(e.wall_hours * ph.runs * 3600),
-                  _money(None if e.cost is None else e.cost * ph.runs))
-    t.add_row(Text("project", style="bold"), "", "", _hours(res.plan.gpu_hours),
-              fmt.duration(res.plan.wall_hours * 3600), Text(_money(res.plan.cost), style="bold green"))
+        row(ph.name, fmt.pct(ph.fraction), str(ph.runs), _hours(e.gpu_hours * ph.runs),
+            fmt.duration(e.wall_hours * ph.runs * 3600), _money(None if e.cost is None else e.cost * ph.runs))
+    row(Text("project", style="bold"), "", "", _hours(res.plan.gpu_hours),
+        fmt.duration(res.plan.wall_hours * 3600), Text(_money(res.plan.cost), style="bold green"))
     return t
 
 
@@ -310,9 +349,11 @@ class CostPane(Pane):
         self.result = res
         self.computations += 1
         unit = measured.unit if (measured is not None and inp.basis == MEASURED) else "tokens"
+        cpu = (not res.error and measured is not None and inp.basis == MEASURED and inp.gpu == SAME_DEVICE
+               and measured.device == "cpu" and not inp.price.strip())
         self.query_one("#cost-main", Static).update(
-            main_renderable(res, unit, pre.frequency if pre is not None else None))
-        self.query_one("#cost-plan", Static).update(plan_renderable(res))
+            main_renderable(res, unit, pre.frequency if pre is not None else None, cpu=cpu))
+        self.query_one("#cost-plan", Static).update(plan_renderable(res, cpu=cpu))
         table = self.query_one("#cost-compare", DataTable)
         table.clear()
         if res.error:
