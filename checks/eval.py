@@ -508,3 +508,62 @@ def eval_amp(ctx):
             "no gradients to underflow, so it needs no GradScaler.",
         fix=fix, snippet=snippet, location=loc(site.location),
     )
+
+
+@check(id="inference.after-training", title="Forwards after training in train mode or with gradients",
+       severity="warning", needs=["ranks.forwards", "ranks.models", "ranks.steps", "ranks.eval_steps"],
+       tags=["eval", "memory"], docs="https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html")
+def inference_after_training(ctx):
+    """Model forwards first made after the last training step, outside any evaluation pass (text
+    generation or a demo after training: the evidence records each call site with the step it first
+    appeared at), that ran with the model in training mode (dropout still drops, batch-norm still
+    updates its running statistics: the outputs are wrong and noisy) or with gradients enabled (each one
+    builds an autograd graph no backward uses). A warning per call site, with its count; passes when
+    such forwards ran in eval mode under no_grad/inference_mode, or when there were none. Skipped when
+    diag stopped the run (its next step's forward is not "after training")."""
+    ev = ctx.evidence
+    r = ev.primary
+    n = r.step_stats.count
+    if n == 0:
+        yield ctx.skip("No training step was observed.")
+        return
+    if ev.run.status != "completed" or ev.run.stop_reason:
+        yield ctx.skip("The run did not end by itself: forwards after its last recorded step may be the next step's.")
+        return
+    eval_keys = {s.site for s in r.eval_steps if s.site}
+    after = [s for s in r.forwards if s.count > 0 and (s.first_step or 0) > n and s.key not in eval_keys
+             and not s.backpropagated]
+    bad = [s for s in after if s.training or (s.grad_enabled and not s.inference_mode and s.output_requires_grad)]
+    if not bad:
+        yield ctx.passed(f"{sum(s.count for s in after)} forward(s) after the last training step, none in train mode "
+                         "with gradients enabled." if after else "No forward after the last training step.",
+                         forwards=sum(s.count for s in after), title="Nothing runs in training mode after training")
+        return
+    for group in _by_line(bad):
+        site = group[0]
+        count = sum(s.count for s in group)
+        model = r.model(site.model)
+        types = (model.module_types if model else {}) or {}
+        layers = {k: v for k, v in types.items() if "Dropout" in k or "BatchNorm" in k}
+        train = any(s.training for s in group)
+        grad = any(s.grad_enabled and not s.inference_mode and s.output_requires_grad for s in group)
+        parts = []
+        if train:
+            parts.append("with the model in training mode" + (
+                f" (its {', '.join(f'{k} x{v}' for k, v in sorted(layers.items()))} behave as in training: the "
+                "outputs are wrong and noisy)" if layers else ""))
+        if grad:
+            parts.append("with gradients enabled (each one built an autograd graph no backward used)")
+        yield ctx.finding(
+            severity=Severity.WARNING if (grad or layers) else Severity.INFO,
+            message=f"{count} forward(s) of {site.module}{_where(site)} ran after the last of {n} training steps, "
+                    "outside any evaluation pass, " + " and ".join(parts) + ".",
+            evidence={"forwards": count, "module": site.module, "site": site.key, "after_step": n,
+                      "training": train, "grad_enabled": grad, "layers": layers},
+            why="Generation or inference after training is evaluation: model.train() mode keeps dropout and "
+                "batch-norm updates on, and grad mode records a graph for every forward.",
+            fix=f"Before the loop{_where(site)}: call model.eval() and run it under torch.inference_mode() "
+                "(or decorate the generation function with @torch.inference_mode()).",
+            snippet="model.eval()\nwith torch.inference_mode():\n    out = model.generate(idx, max_new_tokens=500)",
+            location=loc(site.location),
+        )

@@ -205,3 +205,59 @@ def test_compile_unused_names_the_scripts_own_flag():
         os.unlink(fh.name)
     (f,) = run_check("compile.unused", _train(status="stopped", stop="x", facts=facts))
     assert "--compile" in f.fix and "line 4" in f.fix and f.location.line == 4 and f.snippet is None
+
+
+# ---- phases add up to the step in every report (DDP's collective wait) ---------------------------------
+
+def _ddp_evidence():
+    st = [StepRecord(index=i + 1, total_s=0.0016, data_s=0.0001, forward_s=0.0001, backward_s=0.0002,
+                     optimizer_s=0.0, other_s=0.00025, extra={"comm_wait_s": 0.00095}) for i in range(20)]
+    r = RankEvidence(steps=st, models=[ModelInfo(id=1, devices=["cpu"])])
+    r.step_stats.count = r.step_stats.timed = 20
+    ev = ev_with(r)
+    ev.run.status = "completed"
+    return ev
+
+
+def test_ddp_collective_wait_is_a_phase_in_every_report():
+    """DDP's text summary said "median step 1.6 ms (data 0.1 / fwd 0.1 / bwd 0.2 / opt 0.0 / other 0.2)":
+    0.6 ms; the 0.95 ms of all-reduce wait (59%) was in the evidence and nowhere in the report."""
+    from diag.report import console as rcon, json as rjson
+    from diag.report.html import render_html
+    from diag.tui.models.steps import phase_shares
+
+    ev = _ddp_evidence()
+    med = ev.primary.median_step()
+    parts = sum(v for k, v in med.items() if k.endswith("_s") and k != "total_s")
+    assert med["comm_s"] == pytest.approx(0.00095) and parts == pytest.approx(med["total_s"], rel=1e-6)
+    text = rcon.run_header(ev).plain
+    assert "/ comm 0.9 ms /" in text, text[:500]
+    summ = rjson.summary(ev, [])
+    assert summ["step_phases_median_s"]["comm_s"] == pytest.approx(0.00095)
+    rows = phase_shares(med)
+    assert ("comm_s", "collective wait") in [(k, lbl) for k, lbl, _, _ in rows]
+    assert sum(v for _, _, v, _ in rows) == pytest.approx(med["total_s"], rel=1e-6)
+    assert "collective wait" in render_html(ev, [], 0)
+
+
+# ---- forwards after training (generation) in train mode or with grad -----------------------------------
+
+def test_generation_after_training_in_train_mode_with_grad():
+    """500 forwards of a generation loop after the last step, dropout active, grad on: recorded with
+    their site, judged by nobody. Forwards of the steps themselves and of evaluation passes are not."""
+    st = [StepRecord(index=i + 1, total_s=0.01, forward_s=0.004, backward_s=0.005) for i in range(30)]
+    train = ForwardSite(key="s1", model=1, module="GPT", count=30, in_step=True, training=True, first_step=1,
+                        output_requires_grad=True, location={"file": "/w/gpt.py", "line": 80})
+    gen = ForwardSite(key="s2", model=1, module="GPT", count=500, in_step=True, training=True, first_step=31,
+                      grad_enabled=True, output_requires_grad=True, location={"file": "/w/gpt.py", "line": 95})
+    r = RankEvidence(steps=st, forwards=[train, gen],
+                     models=[ModelInfo(id=1, cls="GPT", devices=["cpu"], module_types={"Dropout": 7})])
+    r.step_stats.count = 30
+    ev = ev_with(r)
+    (f,) = run_check("inference.after-training", ev)
+    assert f.severity is Severity.WARNING and f.location.line == 95 and f.evidence["forwards"] == 500
+    assert "training mode" in f.message and "gradients enabled" in f.message and "Dropout x7" in f.message
+    gen.training, gen.grad_enabled, gen.inference_mode, gen.output_requires_grad = False, False, True, False
+    assert run_check("inference.after-training", ev)[0].severity is Severity.PASS
+    ev.run.stop_reason = "--steps 30 reached"
+    assert run_check("inference.after-training", ev)[0].severity is Severity.SKIPPED

@@ -86,6 +86,11 @@ class RankEvidence:
         out = {}
         for name in ("total_s", "data_s", "forward_s", "backward_s", "optimizer_s", "other_s"):
             out[name] = median([getattr(s, name) for s in steps])
+        # DDP: the time waiting in collectives (extra.comm_wait_s) is a phase of its own, apart from the
+        # five above; every report shows it so that the phases add up to the step
+        comm = [float((s.extra or {}).get("comm_wait_s") or 0.0) for s in steps]
+        if any(comm):
+            out["comm_s"] = median(comm)
         out["n"] = len(steps)
         return out
 

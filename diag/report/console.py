@@ -65,7 +65,8 @@ def run_header(evidence, verbose: bool = True) -> Text:
             t.append(f" · median step {fmt_seconds(med['total_s'])} "
                      f"(data {fmt_seconds(med['data_s'])} / fwd {fmt_seconds(med['forward_s'])} / "
                      f"bwd {fmt_seconds(med['backward_s'])} / opt {fmt_seconds(med['optimizer_s'])} / "
-                     f"other {fmt_seconds(med['other_s'])})")
+                     + (f"comm {fmt_seconds(med['comm_s'])} / " if "comm_s" in med else "")
+                     + f"other {fmt_seconds(med['other_s'])})")
         ev_sum = evidence.primary.evaluation_summary()
         kind = evidence.run_kind()
         tp = evidence.primary.eval_throughput()

@@ -38,7 +38,7 @@ MAX_POINTS = 600
 HIST_BINS = 40
 # the host-clock phases of a step, in stacking order; "h2d_s" is drawn when the evidence has it
 PHASES = (("data_s", "data"), ("h2d_s", "H2D"), ("forward_s", "forward"), ("backward_s", "backward"),
-          ("optimizer_s", "optimizer"), ("other_s", "other"))
+          ("optimizer_s", "optimizer"), ("comm_s", "collective wait"), ("other_s", "other"))
 # Device-clock phases (the GPU timeline): a step carries them as ``extra["device_phases"]`` (or an
 # attribute ``device_phases``): {phase name: seconds}. When any kept step has them, a second timeline
 # is drawn; see :func:`device_phases`.
@@ -169,8 +169,13 @@ def _step_series(rank) -> dict[str, Any] | None:
     steps = rank.timed_steps()
     if not steps:
         return None
+    def value(s, key):
+        if key == "comm_s":       # DDP's collective wait: a phase of its own (extra.comm_wait_s)
+            return float((s.extra or {}).get("comm_wait_s") or 0.0)
+        return getattr(s, key, None) or 0.0
+
     phases = [(k, label) for k, label in PHASES
-              if k != "h2d_s" or any(_num(getattr(s, k, None)) for s in steps)]
+              if k not in ("h2d_s", "comm_s") or any(_num(value(s, k)) for s in steps)]
     xs = [s.index for s in steps]
     out: dict[str, Any] = {"rank": rank.rank, "phases": [label for _, label in phases], "series": {},
                            "clock": "host"}
@@ -179,7 +184,7 @@ def _step_series(rank) -> dict[str, Any] | None:
     out["bucket"] = total["bucket"]
     out["total"] = {k: _round(total[k]) for k in ("min", "med", "max")}
     for key, label in phases:
-        d = downsample(xs, [getattr(s, key, None) or 0.0 for s in steps])
+        d = downsample(xs, [value(s, key) for s in steps])
         out["series"][label] = _round(d["med"])
     dev = [device_phases(s) for s in steps]
     if any(dev):
@@ -548,13 +553,13 @@ def _ranks_table(evidence, straggler: int | None, charts: dict[str, Any]) -> str
         mark = " ◀ straggler" if r.rank == straggler else ""
         rows.append((f"{r.rank}{mark}", r.host or "?", r.status, f"{r.step_stats.count:,}",
                      ms(med["total_s"]) if med else "N/A",
-                     *[ms(med[k]) if med else "N/A" for k, _ in PHASES if k != "h2d_s"],
+                     *[ms(med.get(k, 0.0)) if med else "N/A" for k, _ in PHASES if k != "h2d_s"],
                      fmt_bytes(peak)))
         classes.append("straggler" if r.rank == straggler else "")
         labels.append(f"rank {r.rank}")
         for k, label in PHASES:
             if k != "h2d_s":
-                per_rank[label].append(round(med[k], 6) if med else None)
+                per_rank[label].append(round(med.get(k, 0.0), 6) if med else None)
     charts["ranks"] = {"type": "ranks", "labels": labels, "phases": list(per_rank), "series": per_rank,
                        "highlight": labels.index(f"rank {straggler}") if straggler is not None
                        and f"rank {straggler}" in labels else None}
@@ -608,14 +613,20 @@ def _gpu_section(evidence, charts: dict[str, Any]) -> str:
     if t:
         cpu = downsample(t, hs.get("cpu") or [None] * len(t))
         memu = downsample(t, hs.get("mem_used") or [None] * len(t))
-        charts["host-cpu"] = {"type": "lines", "unit": "%", "xlabel": "s", "ymax": 100,
-                              "lines": [{"label": "host CPU", "x": _round(cpu["x"], 3), "y": _round(cpu["med"], 2)}]}
+        lines = [{"label": "whole host", "x": _round(cpu["x"], 3), "y": _round(cpu["med"], 2)}]
+        own = _own_cpu_line(g, host.get("cpu_count"))
+        if own is not None:
+            lines.insert(0, own)
+        charts["host-cpu"] = {"type": "lines", "unit": "%", "xlabel": "s", "ymax": 100, "lines": lines}
         charts["host-mem"] = {"type": "lines", "unit": "bytes", "xlabel": "s",
                               "lines": [{"label": "host RAM used", "x": _round(memu["x"], 3),
                                          "y": _round(memu["max"], 0), "total": _num(host.get("mem_total"))}]}
         out.append(f'<p>Host: {esc(host.get("cpu_count") or "?")} CPUs, '
                    f'{esc(fmt_bytes(host.get("mem_total")))} RAM.</p>')
-        out.append('<div class="grid2">' + chart("host-cpu", "Host CPU (%)") + chart("host-mem", "Host RAM used")
+        out.append('<div class="grid2">' + chart("host-cpu", "CPU (% of the host's CPUs)",
+                                                 "The run's own processes (diag's probe included) and the whole "
+                                                 "host.")
+                   + chart("host-mem", "Host RAM used")
                    + "</div>")
     elif not devices:
         pass
@@ -719,6 +730,18 @@ def _duration(hours: float) -> str:
     return units.fmt_wall_hours(hours)
 
 
+def _own_cpu_line(g, cpu_count) -> dict | None:
+    """The run's process tree's CPU as a share of the host's CPUs (psutil gives 100 per busy core)."""
+    procs = g.processes if isinstance(getattr(g, "processes", None), dict) else {}
+    ps = procs.get("series") if isinstance(procs.get("series"), dict) else {}
+    t = ps.get("t") or []
+    n = _num(cpu_count)
+    if not t or not n or not any(_num(v) for v in ps.get("cpu") or []):
+        return None
+    d = downsample(t, [None if _num(v) is None else _num(v) / n for v in (ps.get("cpu") or [None] * len(t))])
+    return {"label": "this run", "x": _round(d["x"], 3), "y": _round(d["med"], 2)}
+
+
 def _money(x: float | None) -> str:
     if x is None:
         return "N/A (no price)"
@@ -764,10 +787,12 @@ def _cost_section(evidence, charts: dict[str, Any]) -> str:
     out.append(f'<p>Measured: {esc(f"{m.units_per_s:,.1f}")} {esc(m.unit)}/s per device on '
                f'{esc(m.device_name or m.device)} × {esc(main.count)}, MFU {esc(mfu)}, over {esc(m.steps_timed)} '
                f'timed steps. Workload priced: <b>{esc(work)}</b>.</p>')
-    out.append(table(("", ""), [
-        ("hardware", main.label), ("wall time", _duration(main.wall_hours)),
-        ("GPU-hours", units.fmt_hours(main.gpu_hours)), ("cost", _money(main.cost)),
-        ("basis", main.mfu_basis), ("price", main.price_basis)], cls="kv"))
+    on_cpu = main.gpu is None and m.device == "cpu" and main.cost is None
+    kv = [("hardware", main.label), ("wall time", _duration(main.wall_hours))]
+    if not on_cpu:      # a CPU run: no GPU-hours or money for its own device (the GPUs are below)
+        kv += [("GPU-hours", units.fmt_hours(main.gpu_hours)), ("cost", _money(main.cost))]
+    kv += [("basis", main.mfu_basis)] + ([] if on_cpu else [("price", main.price_basis)])
+    out.append(table(("", ""), kv, cls="kv"))
     trows = []
     for e in rows[1:]:
         trows.append((e.label, _duration(e.wall_hours), units.fmt_hours(e.gpu_hours), _money(e.cost),
@@ -778,7 +803,11 @@ def _cost_section(evidence, charts: dict[str, Any]) -> str:
                    + table(("hardware", "wall time", "GPU-hours", "cost", "MFU"), trows, cls="cost")
                    + "".join(f'<p class="muted">MFU: {esc(b)}.</p>' for b in bases))
     priced = sorted([e for e in rows if e.cost is not None], key=lambda e: e.cost)[:12]
-    if priced:
+    if priced and max(e.cost for e in priced) < 0.01:
+        # a workload of a few cents or less: a money axis of $1e-05 steps says nothing
+        out.append(f'<p class="muted">On every priced GPU of the catalogue this workload costs under $0.01: '
+                   f'no cost chart.</p>')
+    elif priced:
         charts["cost"] = {"type": "cost", "labels": [e.label for e in priced],
                           "cost": [float(f"{e.cost:.4g}") for e in priced],
                           "hours": [float(f"{e.wall_hours:.4g}") for e in priced]}

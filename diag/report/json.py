@@ -22,6 +22,9 @@ def summary(evidence, findings) -> dict:
         "counts": counts,
         "steps": sum(x.step_stats.count for x in evidence.ranks),
         "step_time_median_s": round(med["total_s"], 6) if med else None,
+        # the median of each phase (comm_s: DDP's collective wait, when there is any)
+        "step_phases_median_s": ({k: round(v, 6) for k, v in med.items() if k.endswith("_s") and k != "total_s"}
+                                 if med else None),
         "ranks": len(evidence.ranks),
         # what the run did and its evaluation throughput (README "Evaluation runs")
         "kind": evidence.run_kind(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PHASES = (("data_s", "data wait"), ("forward_s", "forward"), ("backward_s", "backward"),
-          ("optimizer_s", "optimizer"), ("other_s", "other"))
+          ("optimizer_s", "optimizer"), ("comm_s", "collective wait"), ("other_s", "other"))
 EVAL_PHASES = (("data_s", "data wait"), ("h2d_s", "host-to-device"), ("forward_s", "forward"),
                ("other_s", "other (post-processing)"))
 RECENT = 20         # steps in the "now" throughput window
@@ -107,6 +107,8 @@ def phase_shares(median: dict | None) -> list[tuple[str, str, float, float]]:
     total = median.get("total_s") or 0.0
     rows = []
     for key, label in PHASES:
+        if key == "comm_s" and key not in median:
+            continue          # not a DDP run: no collective wait row
         v = median.get(key, 0.0) or 0.0
         rows.append((key, label, v, (v / total) if total > 0 else 0.0))
     return rows
