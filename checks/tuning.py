@@ -173,8 +173,17 @@ def optim_zero_grad(ctx):
         why="Setting .grad to None skips the memset, lets backward assign instead of accumulate (fewer "
             "memory operations), and frees gradient memory until backward needs it again.",
         fix=fix, snippet=snippet,
-        location=loc(mz.get("location")) if bad_mod and not bad_opts else None,
+        location=loc(mz.get("location") if bad_mod and not bad_opts else _zero_grad_site(ev)),
     )
+
+
+def _zero_grad_site(ev) -> dict | None:
+    """The script's zero_grad(...) call that passes set_to_none=False (the fix's line), else its only
+    zero_grad() call, from the script's source (run.script_facts)."""
+    facts = getattr(ev.run, "script_facts", None) or {}
+    calls = facts.get("zero_grad") or []
+    pick = [c for c in calls if c.get("set_to_none") is False] or (calls if len(calls) == 1 else [])
+    return {"file": facts["file"], "line": pick[0]["line"]} if pick else None
 
 
 @check(id="optim.foreach-fused", title="Optimizer without foreach/fused kernels", severity="warning",

@@ -54,7 +54,13 @@ def read(path: str | Path) -> dict | None:
     flags: list[dict] = []
     loaders: list[dict] = []
     iterates: dict[str, str] = {}
+    zero_grads: list[dict] = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _call_name(node) == "zero_grad":
+            kw = {k.arg: k.value for k in node.keywords if k.arg}
+            stn = _const(kw["set_to_none"]) if "set_to_none" in kw else (_const(node.args[0]) if node.args else None)
+            zero_grads.append({"line": node.lineno, "set_to_none": stn,
+                               "on": ast.unparse(node.func.value)[:60] if isinstance(node.func, ast.Attribute) else ""})
         if isinstance(node, ast.Call) and _call_name(node) == "add_argument":
             opts = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             long = [o for o in opts if o.startswith("--")]
@@ -92,4 +98,5 @@ def read(path: str | Path) -> dict | None:
                 iterates.setdefault(str(node.lineno), n)
     loaders.sort(key=lambda d: d["line"])
     return {"file": str(Path(path).resolve()), "flags": flags[:MAX_ITEMS], "loaders": loaders[:MAX_ITEMS],
-            "iterates": dict(list(iterates.items())[:MAX_ITEMS])}
+            "iterates": dict(list(iterates.items())[:MAX_ITEMS]),
+            "zero_grad": sorted(zero_grads, key=lambda d: d["line"])[:MAX_ITEMS]}

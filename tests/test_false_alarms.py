@@ -261,3 +261,30 @@ def test_generation_after_training_in_train_mode_with_grad():
     assert run_check("inference.after-training", ev)[0].severity is Severity.PASS
     ev.run.stop_reason = "--steps 30 reached"
     assert run_check("inference.after-training", ev)[0].severity is Severity.SKIPPED
+
+
+def test_zero_grad_is_located_at_the_call():
+    """optim.zero-grad came with "location": null: the script's zero_grad(set_to_none=False) line."""
+    import os
+    import tempfile
+    import textwrap
+
+    from diag.evidence import OptimizerInfo
+    from diag.scriptfacts import read
+
+    src = textwrap.dedent('''
+        for x, y in loader:
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+    ''')
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write(src)
+    try:
+        facts = read(fh.name)
+    finally:
+        os.unlink(fh.name)
+    ev = _train(status="completed", facts=facts)
+    ev.primary.optimizers = [OptimizerInfo(id=1, cls="SGD", zero_grad_calls=200, zero_grad_set_to_none=False,
+                                           zero_grad_s=0.02)]
+    (f,) = run_check("optim.zero-grad", ev)
+    assert f.location is not None and f.location.line == 3, f.location
