@@ -597,3 +597,29 @@ def test_a_section_that_fails_leaves_a_sentence(monkeypatch):
     page = Page(H.render_html(ev, [], 0))
     assert "This section could not be drawn from this evidence (ValueError: odd)." in "".join(page.text)
     assert "memory" in page.ids() and "half" not in page.data()["charts"]
+
+
+# ---- issue 30: a CPU run's report --------------------------------------------------------------------
+
+def test_cpu_run_has_no_penny_cost_axis_and_charts_its_own_cpu():
+    """The recorded demo (a CPU run): no cost chart of $1e-05 steps, no GPU-hours or money for the CPU
+    itself, and the CPU chart draws the run's own processes beside the whole host."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tui_support import demo_evidence, demo_findings
+
+    ev = demo_evidence()
+    page = Page(H.render_html(ev, demo_findings(), 0))
+    data = page.data()
+    assert "cost" not in data["charts"]
+    cpu = data["charts"]["host-cpu"]
+    labels = [ln["label"] for ln in cpu["lines"]]
+    assert labels == ["this run", "whole host"]
+    own, host = cpu["lines"]
+    n = ev.gpu.host["cpu_count"]
+    raw = [v for v in ev.gpu.processes["series"]["cpu"] if v is not None]
+    assert max(v for v in own["y"] if v is not None) <= max(raw) / n + 0.01
+    assert any(v is not None and v < 100 for v in own["y"])          # not a flat 100% line
+    html = H.render_html(ev, demo_findings(), 0)
+    section = html[html.index('<section id="cost">'):]
+    section = section[:section.index("</section>")]
+    assert "under $0.01" in section and "GPU-hours</td><td>" not in section.split("<h3>")[0]
