@@ -247,6 +247,7 @@ class Run:
         if self.config.steps:
             env["DIAG_MAX_STEPS"] = str(self.config.steps)
         env[supervise.MARKER] = self.run_id
+        env["DIAG_ARGV0"] = str(self.config.script)   # sys.argv[0] as the user typed it (python s.py has it so)
         if not env.get("PYTHONSAFEPATH"):
             # `python -m diag.probe` would put the current directory first on sys.path: a json.py or
             # diag.py there would shadow the real module. The probe removes both before the script runs.

@@ -63,3 +63,28 @@ def test_the_harness_masks_timings_not_values():
     assert dnh.mask("epoch 1 took 3.25 s, 120.5 it/s, loss 0.125") == dnh.mask("epoch 1 took 9.1 s, 3 it/s, loss 0.125")
     assert dnh.mask("loss 0.125") != dnh.mask("loss 0.126")
     assert dnh.mask("{'train_runtime': 1.5, 'train_loss': 2.0}") == dnh.mask("{'train_runtime': 7.25, 'train_loss': 2.0}")
+
+
+def test_the_script_sees_argv_path_and_file_as_python_gives_them(tmp_path):
+    """`python s.py`: argv[0] as typed, __file__ absolute, sys.path without diag's source tree, no
+    PYTHONPATH/PYTHONSAFEPATH of diag's; the same under `diag check --script s.py`."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "s.py").write_text(
+        "import json, os, sys\n"
+        "print('STATE ' + json.dumps({'argv': sys.argv, 'file': __file__, 'path': sys.path,\n"
+        "      'pp': os.environ.get('PYTHONPATH'), 'safe': os.environ.get('PYTHONSAFEPATH')}))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIAG_", "PYTHONPATH", "PYTHONSAFEPATH"))}
+    bare = subprocess.run([sys.executable, "s.py", "--x", "1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "diag", "check", "--script", "s.py", "--run-dir", str(tmp_path / "rd"),
+                    "--", "--x", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    log = (tmp_path / "rd" / "log.txt").read_text()
+
+    def state(text):
+        return json.loads(next(ln for ln in text.splitlines() if ln.startswith("STATE "))[6:])
+
+    assert state(log) == state(bare.stdout)

@@ -14,7 +14,7 @@ Exit status: the script's own (0 when diag stopped it at a limit, 1 for an uncau
 from __future__ import annotations
 
 import os
-import runpy
+import io
 import signal
 import sys
 import threading
@@ -29,6 +29,29 @@ def _in_import(frame, depth: int = 64) -> bool:
         frame = frame.f_back
         depth -= 1
     return False
+
+def _run_main(path: str, argv0: str) -> None:
+    """``runpy.run_path(path, run_name="__main__")``, with ``sys.argv[0]`` left as ``argv0``: run_path
+    sets it to the path it runs, and ``python train.py`` has ``__file__`` absolute but ``argv[0]`` as
+    typed (a script that saves its command line writes the same file under diag)."""
+    import types
+
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec")
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __doc__=None, __loader__=None, __package__=None,
+                         __spec__=None)
+    saved_main, saved_argv0 = sys.modules.get("__main__"), sys.argv[0] if sys.argv else None
+    sys.modules["__main__"] = main
+    sys.argv[0] = argv0
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+        if sys.argv and saved_argv0 is not None:
+            sys.argv[0] = saved_argv0
+
 
 def main() -> int:
     if len(sys.argv) < 2:
@@ -79,12 +102,15 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
 
-    sys.argv = [script] + args
+    # python script.py: __file__ absolute (_run_main), argv[0] as typed
+    typed = os.environ.pop("DIAG_ARGV0", None)
+    argv0 = typed if typed and os.path.abspath(typed) == script else script
+    sys.argv = [argv0] + args
     watchdog.script_path(script)    # python script.py's sys.path: the script's directory, not the cwd
     code = 0
     try:
         probe.install()
-        runpy.run_path(script, run_name="__main__")
+        _run_main(script, argv0)
         probe.finish("completed", 0)
     except DiagStop as e:
         probe.finish(e.status, 0, reason=e.reason)
