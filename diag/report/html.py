@@ -38,7 +38,7 @@ MAX_POINTS = 600
 HIST_BINS = 40
 # the host-clock phases of a step, in stacking order; "h2d_s" is drawn when the evidence has it
 PHASES = (("data_s", "data"), ("h2d_s", "H2D"), ("forward_s", "forward"), ("backward_s", "backward"),
-          ("optimizer_s", "optimizer"), ("other_s", "other"))
+          ("optimizer_s", "optimizer"), ("comm_s", "collective wait"), ("other_s", "other"))
 # Device-clock phases (the GPU timeline): a step carries them as ``extra["device_phases"]`` (or an
 # attribute ``device_phases``): {phase name: seconds}. When any kept step has them, a second timeline
 # is drawn; see :func:`device_phases`.
@@ -169,8 +169,13 @@ def _step_series(rank) -> dict[str, Any] | None:
     steps = rank.timed_steps()
     if not steps:
         return None
+    def value(s, key):
+        if key == "comm_s":       # DDP's collective wait: a phase of its own (extra.comm_wait_s)
+            return float((s.extra or {}).get("comm_wait_s") or 0.0)
+        return getattr(s, key, None) or 0.0
+
     phases = [(k, label) for k, label in PHASES
-              if k != "h2d_s" or any(_num(getattr(s, k, None)) for s in steps)]
+              if k not in ("h2d_s", "comm_s") or any(_num(value(s, k)) for s in steps)]
     xs = [s.index for s in steps]
     out: dict[str, Any] = {"rank": rank.rank, "phases": [label for _, label in phases], "series": {},
                            "clock": "host"}
@@ -179,7 +184,7 @@ def _step_series(rank) -> dict[str, Any] | None:
     out["bucket"] = total["bucket"]
     out["total"] = {k: _round(total[k]) for k in ("min", "med", "max")}
     for key, label in phases:
-        d = downsample(xs, [getattr(s, key, None) or 0.0 for s in steps])
+        d = downsample(xs, [value(s, key) for s in steps])
         out["series"][label] = _round(d["med"])
     dev = [device_phases(s) for s in steps]
     if any(dev):
@@ -548,13 +553,13 @@ def _ranks_table(evidence, straggler: int | None, charts: dict[str, Any]) -> str
         mark = " ◀ straggler" if r.rank == straggler else ""
         rows.append((f"{r.rank}{mark}", r.host or "?", r.status, f"{r.step_stats.count:,}",
                      ms(med["total_s"]) if med else "N/A",
-                     *[ms(med[k]) if med else "N/A" for k, _ in PHASES if k != "h2d_s"],
+                     *[ms(med.get(k, 0.0)) if med else "N/A" for k, _ in PHASES if k != "h2d_s"],
                      fmt_bytes(peak)))
         classes.append("straggler" if r.rank == straggler else "")
         labels.append(f"rank {r.rank}")
         for k, label in PHASES:
             if k != "h2d_s":
-                per_rank[label].append(round(med[k], 6) if med else None)
+                per_rank[label].append(round(med.get(k, 0.0), 6) if med else None)
     charts["ranks"] = {"type": "ranks", "labels": labels, "phases": list(per_rank), "series": per_rank,
                        "highlight": labels.index(f"rank {straggler}") if straggler is not None
                        and f"rank {straggler}" in labels else None}
