@@ -69,10 +69,17 @@ def test_init_failure_is_one_sentence_with_hint(scenario, words):
 def test_library_missing_cli_exit_2_no_traceback(use_fake, capsys):
     use_fake(F.library_missing())
     code, out, err = run_cli(capsys, "gpus")
-    assert code == 2 and out == ""
-    assert err.startswith("diag: error: NVML (libnvidia-ml.so.1) was not found")
-    assert "hint: install the NVIDIA driver" in err and "--simulate-gpus" in err
+    # no GPU, said once and plainly, and still the host's CPU and RAM the help promises; exit 2 (NVML
+    # unusable, docs/gpus.md); the hint on stderr
+    assert code == 2
+    assert "No GPUs: NVML (libnvidia-ml.so.1) was not found" in " ".join(out.split())
+    assert "host: CPU" in out and "RAM" in out
+    assert err.startswith("hint: install the NVIDIA driver") and "--simulate-gpus" in err
     assert "Traceback" not in err
+    code, out, err = run_cli(capsys, "gpus", "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["devices"] == [] and "was not found" in doc["reason"]
+    assert doc["host"]["cpu_count"] >= 1 and doc["host"]["mem_total"] > 0
 
 
 def test_module_missing(monkeypatch, capsys):

@@ -70,11 +70,24 @@ def run(args) -> int:
     else:
         simulate = scenario_from_env()
     start = SIM_START_S if interval is None else 0.0
-    provider = get_provider(simulate or "", strict=True, visible_only=args.visible_only, seed=args.seed,
-                            start=start)
     from diag.gpu.provider import HostMonitor
 
     host = HostMonitor()
+    try:
+        provider = get_provider(simulate or "", strict=True, visible_only=args.visible_only, seed=args.seed,
+                                start=start)
+    except DiagError as e:
+        if simulate:
+            raise
+        # no usable NVML: still the host's CPU and RAM the help promises, "No GPUs: why" (JSON: devices
+        # [] and reason), the hint on stderr, and exit 2 (docs/gpus.md: NVML unusable)
+        provider = get_provider("", strict=False, visible_only=args.visible_only)
+        doc = document(provider, host.sample(prime_s=0.1), processes=False)
+        doc["reason"] = e.message
+        _emit(args, doc)
+        if e.hint:
+            sys.stderr.write(f"hint: {e.hint}\n")
+        return e.code
     want_procs = not args.no_processes
     if interval is None:
         doc = document(provider, host.sample(prime_s=0.1), want_procs)
