@@ -128,3 +128,16 @@ def test_sarif_and_junit_outputs(tmp_path):
     suite = ET.fromstring(r.stdout)
     assert int(suite.get("failures")) >= 1
     assert suite.find(".//testcase[@name='run.failed']/failure") is not None
+
+
+def test_memory_help_lists_only_its_own_options():
+    """diag memory runs one step of one process and replays it: no torchrun options, no GPU sampling."""
+    mem = run_diag("memory", "--help", timeout=60)
+    chk = run_diag("check", "--help", timeout=60)
+    assert mem.code == 0 and chk.code == 0
+    for opt in ("--nproc-per-node", "--rdzv-backend", "--torchrun-arg", "--gpu-interval", "--simulate-gpus"):
+        assert opt not in mem.stdout and opt in chk.stdout, opt
+    for opt in ("--script", "--steps", "--gpu", "--memory", "--batch", "--headroom", "--from"):
+        assert opt in mem.stdout, opt
+    bad = run_diag("memory", "--script", "x.py", "--nproc-per-node", "2", timeout=60)
+    assert bad.code == 2 and "unrecognized arguments: --nproc-per-node" in bad.stderr

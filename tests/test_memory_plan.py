@@ -238,3 +238,44 @@ def test_plan_search_uses_few_replays():
                        table=False)
     assert plan["search"]["trials"] <= 6 and plan["eval"]["search"]["trials"] <= 6
     assert plan["replays"] <= 12
+
+
+# ---- issue 30: the text of the plan -------------------------------------------------------------------
+
+def _rendered(fixed: int, per_sample: int, capacity: int, precision: float = P.SEARCH_PRECISION) -> str:
+    import io
+
+    from rich.console import Console
+
+    from diag.evidence import Evidence, RankEvidence
+    from diag.memory.verdict import build_memory_plan
+    from diag.report.memory import render_plan
+
+    train, evaluate, _ = affine_replay(fixed, per_sample)
+    est = P.make_plan(train, evaluate, observed_batch=32, capacity=capacity, facts={"matmul": True},
+                      precision=precision)
+    ev = Evidence(ranks=[RankEvidence(rank=0, world_size=1)])
+    ev.primary.memory = {"estimate": est}
+    ev.primary.step_stats.count = 1
+    plan = build_memory_plan(ev, {"name": "Test GPU", "memory": capacity, "source": "given"})
+    c = Console(file=io.StringIO(), width=160, color_system=None, record=True)
+    render_plan(plan, c)
+    return c.export_text()
+
+
+def test_plan_text_states_the_precision_the_search_reached():
+    """'54,509 fits, 54,510 does not' is exact: the text never says 'within 1.6%' beside it."""
+    exact = _rendered(4 * GiB, 50 * MiB, 80 * GiB, precision=0.0)
+    line = next(ln for ln in exact.splitlines() if "largest training batch that fits" in ln)
+    mb = int(line.split("fits: ")[1].split()[0].replace(",", ""))
+    assert f"{mb + 1:,} does not fit" in line and "within" not in line and "lower bound" not in line
+    coarse = _rendered(4 * GiB, 5 * MiB, 80 * GiB)
+    line = next(ln for ln in coarse.splitlines() if "largest training batch that fits" in ln)
+    assert "does not fit" in line and "within 1.6%" not in line
+
+
+def test_plan_table_has_no_zero_gib_cells_for_a_small_model():
+    """A 1.5 MiB model with large activations: its parameters in MiB, not 0.00 of a GiB column."""
+    text = _rendered(6 * MiB, 40 * MiB, 80 * GiB)
+    table = text[text.index("estimated peak per training step"):]
+    assert " 0.00" not in table and "MiB" in table and "GiB" in table

@@ -49,7 +49,11 @@ def gpu_scenario(text: str) -> str:
     return key
 
 
-def add_run_arguments(p: argparse.ArgumentParser, script_required: bool = False) -> None:
+def add_run_arguments(p: argparse.ArgumentParser, script_required: bool = False, gpus: bool = True,
+                      torchrun: bool = True) -> None:
+    """The options of a command that runs a script. ``gpus``: GPU sampling (--simulate-gpus,
+    --gpu-interval); ``torchrun``: the multi-process options. A command that runs one step of one
+    process (diag memory) has neither."""
     g = p.add_argument_group("running a script (its own arguments go after --)")
     g.add_argument("--script", metavar="PATH", required=script_required,
                    help="the training script to run, unchanged, under the probe")
@@ -61,13 +65,15 @@ def add_run_arguments(p: argparse.ArgumentParser, script_required: bool = False)
     g.add_argument("--run-dir", metavar="DIR",
                    help="where to write evidence.json, log.txt and the report "
                         "(default: .diag/runs/<timestamp-id>/)")
-    g.add_argument("--simulate-gpus", type=gpu_scenario, metavar="SCENARIO",
-                   help="use simulated GPUs instead of NVML (also DIAG_SIMULATE_GPUS); every report then "
-                        "says 'simulated'. Scenarios: healthy-8, imbalance, lost, none, mig, throttling, "
-                        "starved, container (diag gpus --list-scenarios)")
-    g.add_argument("--gpu-interval", type=gpu_interval, default=1.0, metavar="SECONDS",
-                   help="seconds between GPU samples while the script runs (default: 1; at least 0.1)")
-    add_torchrun_arguments(p)
+    if gpus:
+        g.add_argument("--simulate-gpus", type=gpu_scenario, metavar="SCENARIO",
+                       help="use simulated GPUs instead of NVML (also DIAG_SIMULATE_GPUS); every report then "
+                            "says 'simulated'. Scenarios: healthy-8, imbalance, lost, none, mig, throttling, "
+                            "starved, container (diag gpus --list-scenarios)")
+        g.add_argument("--gpu-interval", type=gpu_interval, default=1.0, metavar="SECONDS",
+                       help="seconds between GPU samples while the script runs (default: 1; at least 0.1)")
+    if torchrun:
+        add_torchrun_arguments(p)
 
 
 def _argtype(parse):

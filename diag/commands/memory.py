@@ -38,7 +38,8 @@ _CAPABILITY = (("t4", [7, 5]), ("v100", [7, 0]), ("a100", [8, 0]), ("a10", [8, 6
 
 
 def add_arguments(p) -> None:
-    add_run_arguments(p)
+    # one step of one process, replayed on fake tensors: no GPU sampling, no torchrun options
+    add_run_arguments(p, gpus=False, torchrun=False)
     for action in p._actions:
         if action.dest == "steps":
             action.help = "stop the script after N training steps (default here: 1; the replay runs after step 1)"

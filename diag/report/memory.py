@@ -47,15 +47,13 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
         list(est.get("points") or [])
     if eval_only:
         rows = list((est.get("eval") or {}).get("points") or [])
-    top = max([p.get("device") or 0 for p in rows] + [1])
-    unit, div = ("GiB", 1 << 30) if top >= (1 << 30) else ("MiB", 1 << 20)
-
     def num(n) -> str:
-        return "N/A" if n is None else f"{n / div:,.2f}" if unit == "GiB" else f"{n / div:,.1f}"
+        # each cell in its own unit: a small model's parameters are "1.5 MiB", never "0.00" of a GiB column
+        return "N/A" if n is None else fmt_bytes(n)
 
     t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold",
-              title=f"estimated peak per {'evaluation forward (inference_mode)' if eval_only else 'training step'} "
-                    f"({unit})", title_justify="left")
+              title=f"estimated peak per {'evaluation forward (inference_mode)' if eval_only else 'training step'}",
+              title_justify="left")
     t.add_column("batch", justify="right")
     for _, label in CATEGORY_LABELS:
         t.add_column(label, justify="right")
@@ -79,11 +77,8 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
         mb = v.get("max_batch")
         search = est.get("search") or {}
         if mb:
-            lim = " (the search limit)" if search.get("first_fail") is None else ""
-            prec = search.get("precision") or 0
-            within = f" to within {prec:.1%}" if prec else ""
-            console.print(f"[bold]largest training batch that fits: {mb:,}[/]{lim} "
-                          f"(bisection{within}, {search.get('trials')} replays)")
+            console.print(f"[bold]largest training batch that fits: {mb:,}[/] "
+                          f"{search_basis(mb, search, est.get('points'))}")
         if eval_only:
             pass      # no training batch to judge: the evaluation line below says what fits
         elif v.get("fits") is True:
@@ -114,6 +109,24 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
     for n in list(rep.get("notes") or []) + list(est.get("notes") or []):
         console.print(f"[yellow]note[/]: {n}")
     _render_live(plan, console)
+
+
+def search_basis(mb: int, search: dict, points=None) -> str:
+    """How the largest batch was found, in the precision reached (the search's bracket, or a replayed
+    table point just above it), not the precision it was allowed: "(bisection: 54,510 does not fit; 17
+    replays)" when the bracket is one sample, "(bisection, a lower bound: 55,000 does not fit, 0.9%
+    above; ...)" when the search stopped on its precision."""
+    trials = search.get("trials")
+    ff = search.get("first_fail")
+    fails = [p["batch"] for p in points or [] if p.get("fits") is False and p.get("batch", 0) > mb]
+    if fails:
+        ff = min([ff] + fails) if ff is not None else min(fails)
+    tail = f"; {trials} replays" if trials else ""
+    if ff is None:
+        return f"(the search limit{tail})"
+    if ff - mb <= 1:
+        return f"(bisection: {ff:,} does not fit{tail})"
+    return f"(bisection, a lower bound: {ff:,} does not fit, {(ff - mb) / mb:.1%} above{tail})"
 
 
 def _render_live(plan: dict, console) -> None:
