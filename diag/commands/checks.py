@@ -27,7 +27,9 @@ def markdown(specs, plugins=()) -> str:
     lines = ["| id | default severity | judges | what it looks for | source |", "|---|---|---|---|---|"]
     for s in specs:
         desc = " ".join(s.description.split()).replace("|", "\\|")
-        src = f"[docs]({s.docs})" if s.docs else ""
+        # the table is docs/checks.md: a repository path "docs/x.md" is "x.md" from there
+        link = s.docs.removeprefix("docs/") if s.docs and "://" not in s.docs else s.docs
+        src = f"[docs]({link})" if s.docs else ""
         if s.source != "builtin":
             src = (src + " " if src else "") + f"plugin: {s.source}"
         lines.append(f"| `{s.id}` | {s.severity} | {judges(s)} | {desc} | {src} |")
