@@ -95,6 +95,12 @@ CASES = [
     Case("corpus/lstm_seq_first.py"),
     Case("corpus/manual_update.py"),
     Case("corpus/quiet_probe.py"),
+    Case("corpus/makemore_mlp.py"),
+    Case("corpus/gpt_accum_val.py"),
+    Case("corpus/gcn_full_graph.py"),
+    Case("corpus/reinforce.py"),
+    Case("corpus/ddp_tutorial.py", nproc=2),
+    Case("corpus/generate_after_train.py"),
     Case("corpus/hf_trainer.py", slow=True, timeout=400),
     Case("corpus/lightning_fit.py", slow=True, timeout=400),
 ]
