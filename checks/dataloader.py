@@ -149,6 +149,8 @@ def dataloader_workers(ctx):
         # worker process costs about as much
         yield ctx.passed(f"The model waited for data {pct(frac)} of step time ({ms(wait)} per step, "
                      f"num_workers={loader.num_workers}).", **numbers, title="Data arrives in time")
+        if ev.run_kind() == "training+evaluation":   # the evaluation loader's own wait (73% of an eval step)
+            yield from _eval_workers(ctx, ev, r, beside_training=True)
         return
     contention = host_contention(ev)
     lead, snippet, _ = words(ev, ctx.id, n=recommended_workers(loader.num_workers, wait, compute, cpus, on_cpu),
@@ -196,17 +198,25 @@ def dataloader_workers(ctx):
         fix=fix, snippet=snippet,
         location=loc(site or loader.location or (framework_entry(ev) if fw else None)),
     )
+    if ev.run_kind() == "training+evaluation":
+        yield from _eval_workers(ctx, ev, r, beside_training=True)
 
 
-def _eval_workers(ctx, ev, r):
+def _eval_workers(ctx, ev, r, beside_training: bool = False):
     """dataloader.workers for an evaluation-only run: the evaluation loader, judged on the evaluation
-    steps (data wait / step, median of the steady ones)."""
+    steps (data wait / step, median of the steady ones). ``beside_training``: the evaluation passes of
+    a training run, judged after the training loader: at most an info (the evaluation's share of the
+    run is in the message), and nothing at all (no pass, no skip) when there is nothing to say."""
     loaders = r.eval_loaders()
     tp = r.eval_throughput()
     if not loaders or tp is None or tp.get("data_share") is None:
-        yield ctx.skip("An evaluation run with no evaluation step fed by a DataLoader.")
+        if not beside_training:
+            yield ctx.skip("An evaluation run with no evaluation step fed by a DataLoader.")
         return
     timed = sum(1 for s in r.eval_steps if not s.instrumented)
+    if beside_training and (timed < EVAL_MIN_STEPS or tp["data_share"] < WARN_SHARE
+                            or (tp["phases"] or {}).get("data_s", 0.0) < MIN_MAIN_THREAD_GAP_S):
+        return
     if timed < EVAL_MIN_STEPS:
         # a median over a handful of sub-millisecond waits is the machine's load, not the pipeline
         yield ctx.skip(f"Only {timed} evaluation step(s) were timed: too few to judge the evaluation's data "
@@ -249,10 +259,16 @@ def _eval_workers(ctx, ev, r):
     site, fl = fix_site(ev, loader)
     if fl and a["helps"]:
         fix += f" This script has its own flag for it: run it with {fl['flag']} {rec} (defined at line {fl['line']})."
+    share = r.eval_share() if beside_training else None
+    if beside_training:
+        # the evaluation passes of a training run: an info, sized by the evaluation's share of the run
+        sev = Severity.INFO
+        numbers.update(eval_share_of_run=round(share["share"], 4) if share else None)
     yield ctx.finding(
         severity=sev, title="Evaluation waits for data",
         message=f"Evaluation waited for data {pct(frac)} of each evaluation step ({ms(wait)} of {ms(wait + compute)} "
                 f"per batch over {tp['steps']} batches) with num_workers={loader.num_workers} on {cpus} CPUs."
+                + (f" Evaluation takes {pct(share['share'])} of the run's time." if share else "")
                 + (f" During the run {contention_words(contention)}: the wait is the machine's load as much as "
                    "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else ""),
         evidence=numbers,

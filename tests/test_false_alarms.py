@@ -288,3 +288,23 @@ def test_zero_grad_is_located_at_the_call():
                                            zero_grad_s=0.02)]
     (f,) = run_check("optim.zero-grad", ev)
     assert f.location is not None and f.location.line == 3, f.location
+
+
+def test_the_evaluation_loaders_own_wait_in_a_training_run():
+    """The evaluation loader's data wait (73% of an evaluation step) was never flagged in a
+    training+evaluation run: an info beside the training loader's verdict, once."""
+    from diag.evidence import EvaluationPass
+
+    ev = _host(_cpu_run([0.02] * 20), host_cpu=50.0, run_cpu=95.0)
+    r = ev.primary
+    r.dataloaders.append(DataLoaderInfo(id=2, num_workers=0, batches=24, batch_size=64, role="eval", wait_s=0.5,
+                                        location={"file": "/w/train.py", "line": 70}))
+    r.eval_steps = [EvalStepRecord(index=i + 1, total_s=0.03, data_s=0.022, forward_s=0.008, samples=64)
+                    for i in range(24)]
+    r.eval_stats.count, r.eval_stats.total_s, r.eval_stats.samples = 24, 24 * 0.03, 24 * 64
+    r.evaluations = [EvaluationPass(index=1, after_step=10, time_s=0.36, forwards=12),
+                     EvaluationPass(index=2, after_step=20, time_s=0.36, forwards=12)]
+    r.step_stats.count, r.step_stats.total_s = 20, 4.0
+    out = run_check("dataloader.workers", ev)
+    assert [f.severity for f in out] == [Severity.PASS, Severity.INFO], [(f.severity, f.message) for f in out]
+    assert out[1].title == "Evaluation waits for data" and "73%" in out[1].message and out[1].location.line == 70
