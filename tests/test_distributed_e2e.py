@@ -187,8 +187,16 @@ def test_two_node_job_each_node_writes_its_run_and_merged_evidence_is_judged(tmp
     assert r.code in (0, 1), r.stderr
     report = r.json()
     f = findings_by_id(report)
-    assert f["distributed.straggler"][0]["severity"] == "pass"
-    assert f["distributed.straggler"][0]["evidence"]["ranks"] == 2
+    (s,) = f["distributed.straggler"]
+    # two balanced nodes: no straggler. On a loaded 2-core machine one process can be descheduled long
+    # enough for a phase to differ by the warning's 10% of a step; then it must still be a warning far
+    # below the planted straggler's (rank 1's 5x data pipeline), never an error
+    if s["severity"] != "pass":
+        planted = findings_by_id(json.loads(straggler[1]["stdout"]))["distributed.straggler"][0]["evidence"]
+        e = s["evidence"]
+        assert s["severity"] == "warning", s
+        assert e["excess_s"] / e["step_s"] < 0.5 * planted["excess_s"] / planted["step_s"], (e, planted)
+    assert s["evidence"]["ranks"] == 2
     assert f["distributed.backend"][0]["severity"] == "pass"
 
     same = run_diag("check", "--from", "node0", "--from", "node0/evidence.json", cwd=tmp_path)
