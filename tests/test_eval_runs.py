@@ -85,9 +85,14 @@ def test_planted_twins(diag_cli, flag, cid, severity, marker):
 def test_slow_getitem_without_workers_on_the_evaluation_loader(diag_cli):
     r, rep = check_json(diag_cli, EVAL, script_args=["--slow", "--samples", "512"], timeout=TIMEOUT)
     (f,) = findings_by_id(rep)["dataloader.workers"]
-    assert f["severity"] in ("warning", "error") and f["evidence"]["evaluation"] is True
-    assert f["evidence"]["num_workers"] == 0 and f["evidence"]["recommended_workers"] >= 1
-    assert f["location"]["line"] == _script_line("for x, y in loader")
+    assert f["evidence"]["evaluation"] is True and f["evidence"]["num_workers"] == 0
+    if (f["evidence"].get("host") or {}).get("contended"):
+        # a busy machine (issue 33): found, and said that a worker count will not help there
+        assert f["severity"] == "info" and "will not help" in f["message"]
+    else:
+        assert f["severity"] in ("warning", "error") and f["evidence"]["recommended_workers"] >= 1
+    # located where the fix goes: the DataLoader(...) call, not the loop that iterates it (issue 33)
+    assert f["location"]["line"] == _script_line("loader = DataLoader(")
 
 
 def test_max_time_stops_an_evaluation_and_still_judges_it(diag_cli, tmp_path):

@@ -52,7 +52,7 @@ class Trainer:
     def _run_epoch(self, epoch):
         b_sz = len(next(iter(self.train_data))[0])
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
+            print(f"Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}", flush=True)
         self.train_data.sampler.set_epoch(epoch)
         for source, targets in self.train_data:
             self._run_batch(source, targets)

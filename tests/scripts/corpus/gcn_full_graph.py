@@ -55,5 +55,5 @@ for epoch in range(args.epochs):
 model.eval()
 with torch.no_grad():
     acc = (model(feats, adj).argmax(1)[test_mask] == labels[test_mask]).float().mean().item()
-print(f"test accuracy {acc:.3f}")
+print(f"test accuracy {acc:.3f}", flush=True)
 report(steps=args.epochs, eval_forwards=1)

@@ -68,5 +68,5 @@ if args.fixed:
         out = generate(start, args.new_tokens)
 else:
     out = generate(start, args.new_tokens)
-print("".join(chr(97 + int(t) % 26) for t in out[0].tolist()))
+print("".join(chr(97 + int(t) % 26) for t in out[0].tolist()), flush=True)
 report(steps=args.steps, samples_per_step=16, generated=args.new_tokens)

@@ -93,6 +93,6 @@ for step in range(1, args.steps + 1):
                 val += model(x, y)[1].item()
                 val_forwards += 1
         model.train()
-        print(f"step {step} val loss {val / args.val_steps:.4f} ppl {math.exp(val / args.val_steps):.1f}")
+        print(f"step {step} val loss {val / args.val_steps:.4f} ppl {math.exp(val / args.val_steps):.1f}", flush=True)
 report(steps=args.steps, samples_per_step=B * args.accum, tokens_per_step=B * T * args.accum,
        eval_forwards=val_forwards)

@@ -95,5 +95,5 @@ while step < args.steps:
             split_loss()
         if step >= args.steps:
             break
-print(f"final dev loss {split_loss():.4f}")
+print(f"final dev loss {split_loss():.4f}", flush=True)
 report(steps=step, samples_per_step=32, eval_forwards=evals)
