@@ -89,3 +89,9 @@ def test_gpu_monitor_mig(snap_compare, request):
 
 def test_gpu_monitor_no_gpu(snap_compare, request):
     check_snapshot(snap_compare, request, monitor_app("none"), (80, 24))
+
+
+def test_cost_tab_cpu_run(snap_compare, request):
+    """The recorded demo without GPUs (a CPU run priced on its own device): wall clock, no GPU-hours
+    and no money (issue 30)."""
+    check_snapshot(snap_compare, request, replay_app("cost", scenario=None), (140, 40))
