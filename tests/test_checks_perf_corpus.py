@@ -59,7 +59,10 @@ def test_handmade_planted(reports):
     f = one(rep, "eval.no-grad")
     assert f["severity"] == "warning" and f["evidence"]["graph_bytes_per_forward"] == 64 * 64 * 4
     assert f["fix"].startswith("perf_handmade_planted.py:47: run `acc = (model(val).argmax(1) == 0)")
-    assert one(rep, "compile.unused")["severity"] == "info"
+    f = one(rep, "compile.unused")
+    # issue 33: silent (pass) when the break-even is beyond the run's own length, which ended by itself
+    assert f["severity"] == "info" or (f["severity"] == "pass" and
+                                       f["evidence"]["break_even_steps"] > f["evidence"]["run_steps"]), f
     for cid in ("amp.unused", "matmul.tf32", "tensor-cores.alignment", "sync.host-device", "cudnn.benchmark",
                 "dataloader.pin-memory", "optim.foreach-fused"):
         f = one(rep, cid)
@@ -110,7 +113,9 @@ def test_ddp_clean(reports):
 
 def test_demo_shows_four_different_findings_and_clean_twin_is_clean(reports):
     rep = reports("demo")
-    found = {f["id"] for f in rep["findings"] if f["severity"] in WARN_UP}
+    # a data wait on a contended host is an info that says workers will not help (issue 33): found all the same
+    found = {f["id"] for f in rep["findings"] if f["severity"] in WARN_UP or
+             (f["id"] == "dataloader.workers" and ((f.get("evidence") or {}).get("host") or {}).get("contended"))}
     assert {"dataloader.workers", "eval.no-grad", "debug.anomaly-detection", "amp.fp16-without-scaler"} <= found
     assert sev_of(rep, "optim.zero-grad")[0] in ("info", "warning")
     rep = reports("demo-clean")
