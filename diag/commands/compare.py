@@ -29,7 +29,7 @@ examples:
 thresholds: step, throughput, memory, mfu (set by a bare --max-regression, default 5%); data-wait,
 first-step and the phases (data, forward, backward, optimizer, other) only when named.
 
-one run per side: timing changes are reported, not gated ("not enough runs to judge", exit 0); use --runs 3
+fewer than 3 runs per side: timing changes are reported, not gated ("not enough runs to judge", exit 0); use --runs 3
 (scripts) or several comma-separated files per side; --min-runs 1 gates single runs on a quiet machine.
 
 exit codes: 0 no significant regression beyond a threshold · 1 a significant regression beyond one
@@ -52,8 +52,8 @@ def add_arguments(p) -> None:
     g.add_argument("--force", action="store_true",
                    help="compare even when run kinds, batch sizes, world sizes or devices differ "
                         "(two different scripts are compared with a note: a before/after)")
-    g.add_argument("--min-runs", type=positive_int, default=2, metavar="N",
-                   help="runs per side needed to gate timing metrics (default 2): with fewer, a step-time "
+    g.add_argument("--min-runs", type=positive_int, default=3, metavar="N",
+                   help="runs per side needed to gate timing metrics (default 3): with fewer, a step-time "
                         "change is reported, not gated, and the exit code is 0 (one run per side says "
                         "nothing of run-to-run noise; see README, CI). Memory is gated from one run")
     g.add_argument("--select", action="append", default=[], metavar="ID",
