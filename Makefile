@@ -1,8 +1,10 @@
-.PHONY: demo test bench screenshots checks-doc
+.PHONY: demo test test-fast bench screenshots checks-doc
 demo:            ## run diag on the bundled demo
 	scripts/demo.sh
-test:            ## run the test suite
+test:            ## run the full test suite (what CI runs)
 	scripts/test.sh
+test-fast:       ## run the fast tier (no end-to-end runs of training scripts)
+	scripts/test.sh --fast
 bench:           ## run the benchmark (figures for the README)
 	scripts/setup.sh test && .venv/bin/python bench/run.py
 screenshots:     ## regenerate screenshots/ from the real app

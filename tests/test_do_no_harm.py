@@ -8,6 +8,9 @@ import pytest
 
 import dnh
 
+# every case runs a corpus script twice (bare and under diag): the full suite only
+pytestmark = pytest.mark.slow
+
 
 
 def _available(case: dnh.Case) -> bool:

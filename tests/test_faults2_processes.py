@@ -70,6 +70,7 @@ def test_a_symlinked_script_runs_as_python_runs_it(tmp_path):
     assert "LR 3" in line and str(job / "link.py") in line and "code/train.py" not in line, line
 
 
+@pytest.mark.slow
 def test_sigterm_while_checks_run_is_handled_like_ctrl_c(tmp_path):
     """The checks of a plugin that sleeps keep diag busy after the script ended: SIGTERM then."""
     site = tmp_path / "site"

@@ -35,6 +35,7 @@ def read_until(fd, needle: bytes, timeout: float) -> bytes:
     return buf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_terminated_tui_restores_the_terminal(tmp_path, sig):
     ev = tmp_path / "evidence.json"

@@ -19,6 +19,9 @@ from conftest import run_diag
 from faults_support import (assert_no_diag_traceback, assert_nothing_left, script, start_diag, steps_seen,
                             wait_for)
 
+# each test runs a real script under diag (a full disk, a deleted run directory, ...): the full suite only
+pytestmark = pytest.mark.slow
+
 TINY = textwrap.dedent("""
     import sys, time, torch
     m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), 0.1)

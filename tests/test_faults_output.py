@@ -159,6 +159,7 @@ def test_max_time_during_the_probes_start_up_gives_no_traceback(tmp_path):
     assert_nothing_left(run_dir)
 
 
+@pytest.mark.slow
 def test_a_stop_that_lands_inside_an_import_waits_for_the_import_to_end(tmp_path):
     """--max-time's SIGTERM arriving while a module is being imported (torch's own import at start-up
     can then abort the process from inside a C++ callback) is delivered again once the import is over:
@@ -195,6 +196,7 @@ def test_a_stop_that_lands_inside_an_import_waits_for_the_import_to_end(tmp_path
     assert_nothing_left(run_dir)
 
 
+@pytest.mark.slow
 def test_a_stop_that_surfaces_as_another_exception_is_the_stop_not_a_failure(tmp_path):
     """SIGTERM from --max-time lands in the script; its clean-up raises something else (as numpy does
     when the stop lands inside its import and an except clause imports it again). The run was

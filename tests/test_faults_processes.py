@@ -14,7 +14,8 @@ import pytest
 from faults_support import (alive, assert_no_diag_traceback, assert_nothing_left, read_pids, script,
                             start_diag, steps_seen, wait_for)
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process supervision is tested on Linux")
+pytestmark = [pytest.mark.slow,   # real scripts, signals and grace periods: the full suite only
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process supervision is tested on Linux")]
 
 # a training loop that never ends and starts a helper the way telemetry helpers are started: in a
 # session of its own (out of reach of a signal to the script's process group) and in a new group

@@ -189,6 +189,7 @@ def test_diag_watch_hooks_a_model_built_before_it(monkeypatch):
     assert run.evidence.ranks[0].steps
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="subprocess demo")
 def test_the_planted_demo_gives_the_same_findings_with_and_without_the_handover(tmp_path):
     def findings(handover: str) -> list[str]:

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 import bench_depth  # noqa: E402
 
 
+@pytest.mark.slow
 def test_depth_bench_quick_mode_measures_both_sides_and_the_probe_really_ran():
     raw = bench_depth.measure("10,100", "bare,probe,probe-global", rounds=2, steps=4, warmup=2, timeout=600,
                               steady=12)
@@ -44,6 +45,7 @@ def test_depth_bench_quick_mode_measures_both_sides_and_the_probe_really_ran():
     assert isinstance(bench_depth.per_call_slope(res), float)
 
 
+@pytest.mark.slow
 def test_steady_across_processes_reports_the_median_over_separate_processes():
     p = bench_depth.across_processes("10", processes=2, pairs=12, timeout=600)
     assert p["processes"] == 2 and p["module_calls"] == 11 and len(p["per_process"]) == 2

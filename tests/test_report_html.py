@@ -486,6 +486,7 @@ def test_cli_refuses_html_on_a_terminal_and_bad_paths(saved_run, tmp_path):
     assert r.code == 2 and "is a directory" in r.stderr and r.stdout == ""
 
 
+@pytest.mark.slow
 def test_cli_run_and_from_give_the_same_file(tmp_path, write_script):
     script = write_script("train.py", """
         import torch

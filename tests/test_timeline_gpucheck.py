@@ -81,6 +81,7 @@ def test_summary_reports_failed_parts():
     assert "gpus       not run" in text
 
 
+@pytest.mark.slow
 def test_twin_runner_plumbing_on_cpu(tmp_path):
     """The twins part end to end on a CPU (the twin's device switched to cpu): the `diag check` report is
     written, parsed, and a failed expectation (the device clock, absent on a CPU run) is reported."""
