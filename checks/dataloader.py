@@ -5,7 +5,6 @@ from __future__ import annotations
 from diag.checks.api import (check, cuda_training, data_wait, device_types, gpu_timeline, median, training_models,
                              Severity)
 
-import math
 
 from ._framework import NAMES, framework_entry, framework_of, words
 from ._perf import PERF_MISSING, guide, perf_ran, short_file, training_sites

@@ -6,7 +6,7 @@ import re
 
 from diag.checks.api import data_wait, check, cuda_training, knob_words, Severity
 
-from ._perf import (PERF_MISSING, amdahl, guide, perf_ran, phase_medians, short_file, size,
+from ._perf import (PERF_MISSING, guide, perf_ran, phase_medians, short_file, size,
                     training_models, training_sites)
 from ._framework import framework_entry, framework_of, knob
 from ._util import flag, loc, ms, pct

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from check_support import ev_with, run_check, steps
+from check_support import ev_with, run_check
 from test_attach_unit import _evidence as attach_evidence, judge
 from diag.evidence import DataLoaderInfo, ModelInfo, RankEvidence, StepRecord
 from diag.evidence.evaluation import EvalStepRecord
