@@ -230,14 +230,16 @@ def test_a_deep_copy_shares_the_hooks_and_outlives_the_probe_quietly(monkeypatch
 def test_the_estimated_part_prices_each_hooked_forward_and_backward(monkeypatch):
     """probe_s = the timed work + (hooked forwards, backward callbacks, window module calls) of the
     step priced by the install's calibration: with prices set large, every steady step's probe_s holds
-    one hooked forward (1 ms); a backward is timed by wrapping torch.autograd.backward, so no engine
+    one hooked forward (100 ms); a backward is timed by wrapping torch.autograd.backward, so no engine
     callback is priced (one is, when the probe hooks outputs instead: a graph built in eval mode)."""
     monkeypatch.setenv("DIAG_PROBE_HANDOVER", "1")
     events: list[dict] = []
     probe = Probe(events.append)
     probe.install()
     assert probe.hooked_call_ns >= 0 and probe.autograd_hook_ns >= 0 and probe.slow_path_ns >= 0
-    probe.hooked_call_ns, probe.autograd_hook_ns = 1e6, 2e6
+    # prices far above what the timer measures, even on a loaded machine (where the probe's timed work
+    # of a step reached 2.6 ms): 100 ms a hooked forward, 200 ms a backward callback
+    probe.hooked_call_ns, probe.autograd_hook_ns = 1e8, 2e8
     try:
         proto._train(proto._mlp(), 10)
         probe.finish("completed", 0)
@@ -247,11 +249,11 @@ def test_the_estimated_part_prices_each_hooked_forward_and_backward(monkeypatch)
     assert len(steady) >= 5
     assert probe._bwd_wrapped
     for s in steady[1:-1]:
-        assert 1e-3 <= s["probe_s"] < 2e-3, s
+        assert 0.1 <= s["probe_s"] < 0.2, s                # one hooked forward, no backward callback
         assert s["n_backward"] == 1
     [cost] = [e["value"] for e in events if e["kind"] == "merge" and e.get("path") == "probe"]
-    assert cost["estimated_s"] >= 1e-3 * len(steady[1:-1])
-    assert cost["calibration_us"]["hooked_forward"] == 1000.0
+    assert cost["estimated_s"] >= 0.1 * len(steady[1:-1])
+    assert cost["calibration_us"]["hooked_forward"] == 100_000.0
 
 
 def test_extensions_with_nothing_left_to_do_leave_the_per_step_path(monkeypatch):
