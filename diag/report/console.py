@@ -109,9 +109,9 @@ def finding_fields(f) -> str:
 
 def render_finding(f, verbose: bool = False) -> Group:
     """One finding: a heading (severity, id, title), then its message (the measured numbers), the fix
-    and its snippet, the location, indented under it. With -v also why it matters, the raw fields
-    (``key=value · ...``; JSON has them all) and an info finding's snippet. No box: the docs link
-    (print_finding) stays one line."""
+    and its snippet, the location, indented under it; an info finding shows its message and location
+    only. With -v: everything, with why it matters and the raw fields (``key=value · ...``; JSON has
+    them all). No box: the docs link (print_finding) stays one line."""
     f = safe_finding(f)
     style, label = STYLE[f.severity]
     parts: list = [Text(f.message)]
@@ -120,9 +120,10 @@ def render_finding(f, verbose: bool = False) -> Group:
         parts.append(Text(fields, style="dim"))
     if f.why and verbose:
         parts.append(Text.assemble(("why: ", "bold"), f.why))
-    if f.fix:
+    full = verbose or f.severity.rank > Severity.INFO.rank     # an info finding: its message and line
+    if f.fix and full:
         parts.append(Text.assemble(("fix: ", "bold green"), f.fix))
-    if f.snippet and (verbose or f.severity.rank > Severity.INFO.rank):
+    if f.snippet and full:
         parts.append(Syntax(f.snippet, "python", theme="ansi_dark", background_color="default", word_wrap=True))
     if f.location:
         parts.append(Text.assemble(("at: ", "bold"), str(f.location)))
@@ -135,7 +136,7 @@ def print_finding(console: Console, f, verbose: bool = False) -> None:
     diag (a terminal wraps it; a pasted or saved report keeps the whole address), then a blank line."""
     console.print(render_finding(f, verbose=verbose))
     docs = safe_finding(f).docs
-    if docs:
+    if docs and (verbose or f.severity.rank > Severity.INFO.rank):
         console.print(Text("  " + docs, style="dim underline"), crop=False, no_wrap=True, overflow="ignore")
     console.print()
 
@@ -203,7 +204,8 @@ def render_console(evidence, findings, console: Console, verbose: bool = False) 
     if rest and not verbose:
         for ln in folded_quiet(rest, evidence):
             console.print(ln, no_wrap=True, overflow="ellipsis")
-        console.print(Text("(-v: each check's reason in full, each finding's raw numbers)", style="dim"))
+        console.print(Text("(-v: every check's reason; each finding in full: why, fix, raw numbers)",
+                           style="dim"))
     elif rest:
         # -v: passed and skipped checks a line each, the message in full
         table = Table(show_header=False, box=None, pad_edge=False)
