@@ -172,9 +172,6 @@ def test_ddp_collective_wait_is_in_the_summary_and_epochs_are_not_doubled(outcom
     assert len(epochs - {None}) <= 3, epochs
 
 
-@pytest.mark.xfail(strict=True, reason="issue 33: the probe counts the iterator that next(iter(loader)) starts as an "
-                   "epoch (DataLoaderInfo.epochs 6 for 3); the count lives in diag/probe/core.py, owned by the "
-                   "probe rework")
 def test_ddp_loader_epochs_are_not_doubled_by_next_iter(outcome):
     o = outcome("ddp_tutorial")
     (loader,) = o.evidence["ranks"][0]["dataloaders"]

@@ -66,7 +66,10 @@ def test_clean_evaluation_run_is_judged_as_one(diag_cli, tmp_path):
     (["--grad"], "eval.no-grad", "warning", "out = model(x)"),
     (["--train-mode"], "eval.train-mode", "warning", "out = model(x)"),
     (["--no-grad"], "eval.inference-mode", "info", "out = model(x)"),
-    (["--bs", "1", "--samples", "256"], "eval.small-batch", "warning", None),
+    # on a CPU, eval.small-batch warns only on a measured per-batch fixed cost (issue 33: batch 8 and 64
+    # gave the same throughput); batch 1 with no second batch size is a pass that says it was not measured
+    # (the warning path: tests/test_false_alarms.py, and CUDA evidence in test_eval_checks.py)
+    (["--bs", "1", "--samples", "256"], "eval.small-batch", "pass", None),
     (["--item"], "eval.host-sync", "info", "PLANTED-ITEM"),
 ])
 def test_planted_twins(diag_cli, flag, cid, severity, marker):
@@ -125,8 +128,14 @@ def test_training_with_periodic_evaluation(diag_cli, tmp_path):
     r0, rep0 = check_json(diag_cli, "train_with_eval.py", timeout=TIMEOUT, script_args=["--eval-every", "1000"])
     judged = ("run.no-steps", "dataloader.workers", "dataloader.main-thread-data", "optim.zero-grad",
               "eval.no-grad", "run.failed")
+    def training(r, cid):   # the training loader's verdicts (the evaluation loader's own wait is apart)
+        return [f["severity"] for f in r["findings"] if f["id"] == cid and not f["evidence"].get("evaluation")]
+
     for cid in judged:
-        assert severities(rep, cid) == severities(rep0, cid), cid
+        assert training(rep, cid) == training(rep0, cid), cid
+    # the evaluation loader's own wait (>= 40 ms a batch, planted) is an info of its own (issue 33)
+    (ev_wait,) = [f for f in rep["findings"] if f["id"] == "dataloader.workers" and f["evidence"].get("evaluation")]
+    assert ev_wait["severity"] == "info" and ev_wait["evidence"]["loader_id"] == 2
     assert rep0["summary"]["steps"] == rep["summary"]["steps"] == 24
     # the evaluation share: on the summary line and from diag cost
     run_dir = rep["run"]["run_dir"]
@@ -186,7 +195,8 @@ def test_memory_plan_of_an_evaluation_only_script(diag_cli, tmp_path):
     (m,) = findings_by_id(rep)["memory.eval-batch"]
     assert m["severity"] == "info" and m["evidence"]["eval_batch"] == 1 and m["evidence"]["max_eval_batch"] > 1000
     (s,) = findings_by_id(rep)["eval.small-batch"]
-    assert s["severity"] == "warning" and s["evidence"]["max_eval_batch"] == m["evidence"]["max_eval_batch"]
+    # a CPU run with one batch size: no measured per-batch fixed cost, so no warning (issue 33)
+    assert s["severity"] == "pass" and s["evidence"]["max_eval_batch"] == m["evidence"]["max_eval_batch"]
 
 
 def test_train_mode_without_no_grad_is_still_an_evaluation_run(diag_cli, tmp_path):

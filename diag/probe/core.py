@@ -143,7 +143,9 @@ class Probe(StepRules):
         self._patches = Patches()
         self._globals = None                    # the global hooks when the hand-over is off
         self._lifted = marks.Lifted()          # diag's hooks out of torch.jit.script/trace, export, fx
-        self._iters: dict[int, list] = {}       # id(DataLoader iterator) -> [weakref, loader id, first batch?]
+        self._iters: dict[int, list] = {}       # id(DataLoader iterator) -> [weakref, loader id, first batch?,
+        #                                          batches, ended]
+        self._last_iter: dict[int, list] = {}   # loader id -> its newest iterator's record (a peek is no epoch)
         self.extensions = list(extensions or [])
         # state
         self._depth = 0
@@ -487,6 +489,9 @@ class Probe(StepRules):
             except StopIteration:
                 probe._in_data -= 1
                 try:
+                    rec = probe._iters.get(id(it))
+                    if rec is not None:
+                        rec[4] = True
                     probe._pass_ended(probe._iter_lid(it))
                 except Exception as e:
                     probe.report_error("dataloader.StopIteration", e)
@@ -1113,6 +1118,12 @@ class Probe(StepRules):
                 self._loader_refs[id(loader)] = weakref.ref(loader)
             except TypeError:
                 pass
+        # a pass that delivered at most one batch and never ended, followed by a new pass of the same
+        # loader, was a peek (`len(next(iter(loader))[0])` to read the batch size, as the DDP tutorial
+        # does every epoch): not an epoch
+        prev = self._last_iter.get(info["id"])
+        if prev is not None and prev[3] <= 1 and not prev[4] and info["epochs"] > 0:
+            info["epochs"] -= 1
         info["epochs"] += 1
         self._pass_started(info["id"])
         if info["role"] != "eval":
@@ -1128,7 +1139,8 @@ class Probe(StepRules):
             ref = weakref.ref(it, lambda _r, k=key: iters.pop(k, None))
         except TypeError:
             ref = None
-        iters[key] = [ref, info["id"], True]
+        rec = iters[key] = [ref, info["id"], True, 0, False]   # ..., first batch?, batches, ended
+        self._last_iter[info["id"]] = rec
         self.emit("dataloader", **info)
 
     def _iter_lid(self, it):
@@ -1153,6 +1165,7 @@ class Probe(StepRules):
             info["wait_s"] += dt
             if dt > info["max_wait_s"]:
                 info["max_wait_s"] = dt
+            rec[3] += 1
             if rec[2]:
                 rec[2] = False
                 info["first_batch_s"].append(round(dt, 6))
