@@ -5,6 +5,7 @@ from __future__ import annotations
 from diag.checks.api import check, device_phases, median, Severity
 
 from ._util import gib, ms, pct
+from ._workers import host_contention
 
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
 DDP_TUTORIAL = "https://pytorch.org/tutorials/intermediate/ddp_tutorial.html"
@@ -81,7 +82,9 @@ def straggler(ctx):
     least 25% longer there and the difference is >= 10% of the median step time (warning) or >= 20%
     (error), the TraceML straggler-score thresholds. Names the rank, its host and the phase; the
     other ranks' measured collective wait corroborates it. "Other work" is judged only where the
-    collective wait was measured (otherwise it contains the wait itself)."""
+    collective wait was measured (otherwise it contains the wait itself). On a host the job shares with
+    other work (``host.contention``), a warning-sized difference is an info: it can be how the host
+    scheduled one rank."""
     ev = ctx.evidence
     if not _multi(ev):
         yield ctx.skip("Single-process run: there is no other rank to compare with.")
@@ -147,6 +150,10 @@ def straggler(ctx):
     others = [q for k, q in phases.items() if k != rank]
     others_wait = median([q["comm_wait_s"] for q in others]) if measured else None
     sev = Severity.ERROR if score >= STRAGGLER_ERROR else Severity.WARNING
+    # a host the job shares with other work (the ranks of a CPU job on a busy machine): a warning-sized
+    # difference can be the host's scheduling of one rank, not the rank; said as an info (issue 33)
+    contention = host_contention(ev) if sev == Severity.WARNING else None
+    contended = bool(contention and contention.get("contended"))
     numbers = {"clock": p.get("clock", "host"), "rank": rank, "host": _host(r), "phase": label, "phase_s": round(value, 6),
                "others_phase_s": round(ref, 6), "excess_s": round(value - ref, 6), "step_s": round(step, 6),
                "score": round(score, 4), "ranks": len(phases), "comm_wait_measured": measured}
@@ -170,6 +177,13 @@ def straggler(ctx):
         numbers["also"] = ", ".join(also)
         msg = msg[:-1] + f"; also slow: {', '.join(also)}."
     fix, snippet = _straggler_fix(key, rank, bigger)
+    if contended:
+        sev = Severity.INFO
+        numbers["host_contention"] = contention
+        msg = msg[:-1] + (f"; but the host was contended ({contention['host_cpu_percent']:g}% of "
+                          f"{contention['cpus']} CPUs busy, other work using {contention['others_cores']:g} "
+                          "cores), and a difference this size can be how the host scheduled one rank.")
+        fix = "Measure again on a host the job does not share (or with fewer ranks per host): " + fix
     yield ctx.finding(
         severity=sev, message=msg, evidence={**numbers, "per_rank": per_rank},
         why="DDP's all-reduce makes every rank wait for the slowest one at every step, so the whole job "

@@ -80,6 +80,30 @@ def test_straggler_in_forward_among_eight_ranks_warning():
     assert (f.evidence["rank"], f.evidence["phase"], f.evidence["host"]) == (5, "forward", "node-c")
 
 
+def test_straggler_warning_on_a_contended_host_is_an_info():
+    """issue 33: two balanced ranks of a CPU job on a busy 2-core host; the host's scheduling made one
+    rank's forward 16% of a step longer. A warning there is the host, not the rank: an info that says so.
+    An error-sized straggler stays an error on the same host."""
+    from diag.evidence.gpu import GpuTelemetry
+
+    def busy(ev):
+        n = 8
+        ev.gpu = GpuTelemetry(provider="none", host={"cpu_count": 2, "series": {
+            "t": list(range(n)), "cpu": [100.0] * n, "mem_used": [0] * n, "load1": [6.0] * n}},
+            processes={"series": {"t": list(range(n)), "cpu": [60.0] * n}, "gpu": []})
+        return ev
+
+    ranks = [rank(i, data=0.001, fwd=0.010, comm=0.003) for i in range(8)]
+    ranks[5] = rank(5, data=0.001, fwd=0.013, comm=0.0, host="node-c")   # +3 ms of a 19 ms step: 16%
+    (f,) = run_check("distributed.straggler", busy(evidence(*ranks)))
+    assert f.severity is Severity.INFO, f.message
+    assert "contended" in f.message and f.evidence["host_contention"]["contended"]
+    assert f.evidence["host"] == "node-c"
+    ev = busy(evidence(rank(0, data=0.009, comm=0.032), rank(1, data=0.041, comm=0.0, host="node-b")))
+    (f,) = run_check("distributed.straggler", ev)
+    assert f.severity is Severity.ERROR
+
+
 def test_straggler_with_bigger_batches_names_the_cause():
     ev = evidence(rank(0, fwd=0.005, comm=0.010, samples=8), rank(1, fwd=0.015, samples=16))
     (f,) = run_check("distributed.straggler", ev)

@@ -189,9 +189,10 @@ def test_two_node_job_each_node_writes_its_run_and_merged_evidence_is_judged(tmp
     f = findings_by_id(report)
     (s,) = f["distributed.straggler"]
     # two balanced nodes: no straggler. On a loaded 2-core machine one process can be descheduled long
-    # enough for a phase to differ by the warning's 10% of a step; then it must still be a warning far
-    # below the planted straggler's (rank 1's 5x data pipeline), never an error
-    if s["severity"] != "pass":
+    # enough for a phase to differ by the warning's 10% of a step: on a contended host that is an info
+    # (the host, not the rank); otherwise a warning far below the planted straggler's (rank 1's 5x data
+    # pipeline); never an error
+    if s["severity"] not in ("pass", "info"):
         planted = findings_by_id(json.loads(straggler[1]["stdout"]))["distributed.straggler"][0]["evidence"]
         e = s["evidence"]
         assert s["severity"] == "warning", s
