@@ -33,41 +33,77 @@ This package must not import torch.
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from diag.evidence._schema import SchemaError, Section, build, median
-from diag.evidence.amp import AmpSection
-from diag.evidence.dataloaders import DataLoaderInfo
-from diag.evidence.distributed import DistributedSection
-from diag.evidence.document import (
-    MAX_DEPTH,
-    MAX_EVIDENCE_BYTES,
-    READABLE_VERSIONS,
-    SCHEMA_VERSION,
-    Evidence,
-    _json_default,
-    load_evidence,
-)
-from diag.evidence.environment import DeviceInfo, Environment
-from diag.evidence.evaluation import ChildProcess, EvalStepRecord, EvalStepStats, EvaluationPass, FrameworkInfo
-from diag.evidence.extras import ExtrasSection
-from diag.evidence.flops import FlopsMeasured, FlopsSection
-from diag.evidence.gpu import GpuTelemetry
-from diag.evidence.memory import MemoryDevice, MemorySection
-from diag.evidence.models import ForwardSite, ModelInfo, OptimizerInfo
-from diag.evidence.plan import MemoryPlan
-from diag.evidence.probe import ProbeSection
-from diag.evidence.rank import MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, RankEvidence
-from diag.evidence.run import ExceptionInfo, RunInfo
-from diag.evidence.steps import StepRecord, StepStats
-from diag.evidence.sync import SyncSection
-from diag.evidence.timeline import TimelineSection
+# Loaded on first use (PEP 562): the probe imports only diag.evidence.events (the event kinds) into the
+# user's process, without the 40 ms the whole package takes to import (issue 28).
+_EXPORTS = {
+    "SchemaError": "_schema", "Section": "_schema", "build": "_schema", "median": "_schema",
+    "AmpSection": "amp", "DataLoaderInfo": "dataloaders", "DistributedSection": "distributed",
+    "MAX_DEPTH": "document", "MAX_EVIDENCE_BYTES": "document", "READABLE_VERSIONS": "document",
+    "SCHEMA_VERSION": "document", "Evidence": "document", "_json_default": "document",
+    "load_evidence": "document", "DeviceInfo": "environment", "Environment": "environment",
+    "ChildProcess": "evaluation", "EvalStepRecord": "evaluation", "EvalStepStats": "evaluation",
+    "EvaluationPass": "evaluation", "FrameworkInfo": "evaluation", "ExtrasSection": "extras",
+    "FlopsMeasured": "flops", "FlopsSection": "flops", "GpuTelemetry": "gpu", "MemoryDevice": "memory",
+    "MemorySection": "memory", "ForwardSite": "models", "ModelInfo": "models", "OptimizerInfo": "models",
+    "MemoryPlan": "plan", "ProbeSection": "probe", "MAX_EXCEPTIONS_KEPT": "rank", "MAX_LIST_SECTION": "rank",
+    "MAX_STEPS_KEPT": "rank", "RankEvidence": "rank", "ExceptionInfo": "run", "RunInfo": "run",
+    "StepRecord": "steps", "StepStats": "steps", "SyncSection": "sync", "TimelineSection": "timeline",
+}
+_SUBMODULES = ("_schema", "amp", "dataloaders", "distributed", "docs", "document", "environment", "evaluation",
+               "events", "extras", "flops", "gpu", "memory", "models", "phases", "plan", "probe", "rank", "run",
+               "steps", "sync", "timeline")
 
-_median = median
+if TYPE_CHECKING:   # what the names are, for type checkers (nothing is imported at run time here)
+    from diag.evidence._schema import SchemaError, Section, build, median
+    from diag.evidence.amp import AmpSection
+    from diag.evidence.dataloaders import DataLoaderInfo
+    from diag.evidence.distributed import DistributedSection
+    from diag.evidence.document import (
+        MAX_DEPTH,
+        MAX_EVIDENCE_BYTES,
+        READABLE_VERSIONS,
+        SCHEMA_VERSION,
+        Evidence,
+        _json_default,
+        load_evidence,
+    )
+    from diag.evidence.environment import DeviceInfo, Environment
+    from diag.evidence.evaluation import ChildProcess, EvalStepRecord, EvalStepStats, EvaluationPass, FrameworkInfo
+    from diag.evidence.extras import ExtrasSection
+    from diag.evidence.flops import FlopsMeasured, FlopsSection
+    from diag.evidence.gpu import GpuTelemetry
+    from diag.evidence.memory import MemoryDevice, MemorySection
+    from diag.evidence.models import ForwardSite, ModelInfo, OptimizerInfo
+    from diag.evidence.plan import MemoryPlan
+    from diag.evidence.probe import ProbeSection
+    from diag.evidence.rank import MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT, RankEvidence
+    from diag.evidence.run import ExceptionInfo, RunInfo
+    from diag.evidence.steps import StepRecord, StepStats
+    from diag.evidence.sync import SyncSection
+    from diag.evidence.timeline import TimelineSection
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    elif name == "_median":
+        value = __getattr__("median")
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:
     """Build a dataclass from an event's or a file's fields (types checked; unknown keys ignored)."""
+    from diag.evidence._schema import build
+
     return build(cls, data, cls.__name__)
 
 

@@ -23,6 +23,7 @@ import json
 import os
 import statistics
 import time
+from diag.evidence import events as E
 
 _PARENT = None       # the probe of this process, when it is diag's (set by install)
 
@@ -117,7 +118,7 @@ class _StepCounter:
         self.last_end: float | None = None
 
     def __call__(self, event: dict) -> None:
-        if event.get("kind") != "step":
+        if event.get("kind") != E.STEP:
             return
         self.steps += 1
         self.forwards += int(event.get("n_forward") or 0)
@@ -133,7 +134,7 @@ class _StepCounter:
     def write(self, path: str, rank: int, start_method: str | None, status: str) -> None:
         if not self.steps and not self.forwards:
             return     # a helper process that did not train: nothing to say
-        ev = {"kind": "child", "t": None, "rank": rank, "pid": os.getpid(), "start_method": start_method,
+        ev = {"kind": E.CHILD, "t": None, "rank": rank, "pid": os.getpid(), "start_method": start_method,
               "run": os.environ.get("DIAG_RUN_ID"),    # the run marker the runner reads events by
               "steps": self.steps, "forwards": self.forwards, "samples": self.samples,
               "time_s": round((self.last_end or 0.0) - (self.first_start or 0.0), 6),

@@ -10,6 +10,8 @@ the user's run goes on.
 
 A minimal extension::
 
+    from diag.evidence import events as E    # the event kinds, spelled once
+
     class CountForwards:
         def __init__(self):
             self.n = 0
@@ -20,7 +22,7 @@ A minimal extension::
         def on_step_end(self, ctx, step):
             step["extra"]["forwards_so_far"] = self.n          # rides on the step event
             if step["index"] % 10 == 0:
-                ctx.emit("set", path="extras.forwards", value=self.n)
+                ctx.emit(E.SET, path="extras.forwards", value=self.n)
 
 Installed by default from :mod:`diag.probe.extensions` (``"module:Class"`` paths), or passed to
 ``Probe(..., extensions=[...])``.

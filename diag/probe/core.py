@@ -36,6 +36,7 @@ import traceback
 import weakref
 from typing import Any, Callable
 
+from diag.evidence import events as E
 from diag.probe.environment import ENV_ALLOWLIST, environment
 from diag.probe.frames import (exception_info, frame_location, is_library_file, is_oom, set_user_script,
                                user_frame)
@@ -234,7 +235,7 @@ class Probe(StepRules):
             return
         self.errors_reported.add(where)
         try:
-            self.sink({"kind": "probe_error", "t": self.now(), "rank": self.rank, "where": where,
+            self.sink({"kind": E.PROBE_ERROR, "t": self.now(), "rank": self.rank, "where": where,
                        "error": f"{type(e).__name__}: {e}",
                        "traceback": traceback.format_exc(limit=8)})
         except Exception:
@@ -402,7 +403,6 @@ class Probe(StepRules):
         """Install the hooks. ``scan_modules``: the script already built its models (``diag.watch()``):
         find them once in the garbage collector's objects."""
         import torch
-        from torch.nn.modules import module as nn_module
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
         from torch.utils.data import dataloader as dl
@@ -412,10 +412,10 @@ class Probe(StepRules):
         _compiling = compiling_check()
         self.active = True
         set_user_script(self.script)
-        self.emit("start", pid=self.pid, host=socket.gethostname(), local_rank=self.local_rank,
+        self.emit(E.START, pid=self.pid, host=socket.gethostname(), local_rank=self.local_rank,
                   world_size=self.world_size, started_at=self.wall0, script=self.script,
                   argv=list(sys.argv))
-        self.emit("env", **environment())
+        self.emit(E.ENV, **environment())
         self.slow_path_ns, self.hooked_call_ns, self.autograd_hook_ns = _calibrate()
         if handover_enabled():
             self._handover = HandOver(self).install(scan=scan_modules)
@@ -674,17 +674,17 @@ class Probe(StepRules):
             self._flush_sites()
             self._emit_loaders()
             self._emit_optimizers()
-            self.emit("env", **environment())
+            self.emit(E.ENV, **environment())
         except Exception as e:
             self.report_error("finish", e)
         if exception is not None:
-            self.emit("exception", **exception_info(exception, self.steps_done, self.script))
+            self.emit(E.EXCEPTION, **exception_info(exception, self.steps_done, self.script))
         self._ext("on_exit", status)
         try:
-            self.emit("merge", path="probe", value=self.own_cost())   # RankEvidence.probe
+            self.emit(E.MERGE, path="probe", value=self.own_cost())   # RankEvidence.probe
         except Exception as e:
             self.report_error("probe_cost", e)
-        self.emit("end", status=status, exit_code=exit_code, reason=reason, steps=self.steps_done)
+        self.emit(E.END, status=status, exit_code=exit_code, reason=reason, steps=self.steps_done)
 
     # ---- module hooks ------------------------------------------------------------------------------
     def _fwd_pre(self, module, args):
@@ -807,7 +807,7 @@ class Probe(StepRules):
             except TypeError:
                 self._model_refs[mid] = lambda: None
             info = describe_model(module, mid)
-            self.emit("model", **info)
+            self.emit(E.MODEL, **info)
             self._ext("on_model", module, info)
         grad = ts.grad()
         # the innermost module's flag: frameworks call .train() on the model, not on its DDP wrapper
@@ -857,7 +857,7 @@ class Probe(StepRules):
             }
             self._sites[key] = site
             self._site_counts[skey] = 0
-            self.emit("forward_site", **site)
+            self.emit(E.FORWARD_SITE, **site)
         # a training forward: grad mode, an output that needs grad, and the module in training mode
         # or a call site whose output was seen to feed a backward (training in eval mode, e.g. to
         # freeze BatchNorm statistics)
@@ -962,7 +962,7 @@ class Probe(StepRules):
         if not site["backpropagated"]:
             site["backpropagated"] = True
             site["in_step"] = True
-            self.emit("forward_site", **site)
+            self.emit(E.FORWARD_SITE, **site)
         return self._bwd_hook(grad)
 
     def _bwd_end(self):
@@ -1141,7 +1141,7 @@ class Probe(StepRules):
             ref = None
         rec = iters[key] = [ref, info["id"], True, 0, False]   # ..., first batch?, batches, ended
         self._last_iter[info["id"]] = rec
-        self.emit("dataloader", **info)
+        self.emit(E.DATALOADER, **info)
 
     def _iter_lid(self, it):
         """The loader id of a DataLoader iterator the probe saw start (None for one it did not)."""
@@ -1178,11 +1178,11 @@ class Probe(StepRules):
 
     def _emit_loaders(self) -> None:
         for info in self._loaders.values():
-            self.emit("dataloader", **_loader_event(info))
+            self.emit(E.DATALOADER, **_loader_event(info))
 
     def _emit_optimizers(self) -> None:
         for info in self._optimizers.values():
-            self.emit("optimizer", **info)
+            self.emit(E.OPTIMIZER, **info)
 
     # ---- steps -------------------------------------------------------------------------------------
     def _open_step(self, start: float) -> _Step:
@@ -1235,13 +1235,13 @@ class Probe(StepRules):
         if self._site_dirty:   # forward counts ride on the step event: one write per step
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
-        self.emit_dict("step", ev)
+        self.emit_dict(E.STEP, ev)
         if not self._env_refreshed and step.index >= 2:
             # flags such as cudnn.benchmark are often set after import: read them again once
             self._env_refreshed = True
             self._emit_loaders()
             self._emit_optimizers()
-            self.emit("env", **environment())
+            self.emit(E.ENV, **environment())
         # the probe's own end-of-step work, counted from the step's end (a step closes when the next
         # iteration shows itself, after its optimizer-step group ended)
         self.step_closed_at = end + (_ns() - t_close) / 1e9
@@ -1277,7 +1277,7 @@ class Probe(StepRules):
 
     def _flush_sites(self) -> None:
         if self._site_dirty:
-            self.emit("forward_counts", counts={k: self._site_counts[k] for k in self._site_dirty})
+            self.emit(E.FORWARD_COUNTS, counts={k: self._site_counts[k] for k in self._site_dirty})
             self._site_dirty.clear()
 
 

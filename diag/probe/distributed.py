@@ -32,6 +32,7 @@ import os
 import time
 import weakref
 
+from diag.evidence import events as E
 from diag.probe.hooks import Patches
 from diag.probe.models import find_ddp
 
@@ -124,7 +125,7 @@ class DistributedProbe:
                 launcher[key] = int(v) if v.isdigit() else v
         if probe.world_size > 1 or launcher.get("run_id") is not None:
             self._activate(probe)
-            probe.emit("merge", path="distributed", value={
+            probe.emit(E.MERGE, path="distributed", value={
                 "world_size": probe.world_size, "rank": probe.rank, "local_rank": probe.local_rank,
                 "launcher": launcher})
             self._patch_collectives(probe)
@@ -132,7 +133,7 @@ class DistributedProbe:
     def _activate(self, probe) -> None:
         if not self.active:
             self.active = True
-            probe.emit("set", path="distributed.active", value=True)
+            probe.emit(E.SET, path="distributed.active", value=True)
             wake = getattr(probe, "wake", None)
             if callable(wake):
                 wake(self, "on_forward")
@@ -192,7 +193,7 @@ class DistributedProbe:
             self._mem_device = params[0].device
 
     def _emit_models(self, probe) -> None:
-        probe.emit("set", path="distributed.ddp.models", value=list(self._models.values()))
+        probe.emit(E.SET, path="distributed.ddp.models", value=list(self._models.values()))
 
     def _time_buffer_sync(self, ddp) -> None:
         """Time DDP's buffer broadcast before forward (a collective: waits for every rank)."""
@@ -366,7 +367,7 @@ class DistributedProbe:
             self._emit_totals(probe)
 
     def _emit_totals(self, probe) -> None:
-        probe.emit("set", path="distributed.comm", value={
+        probe.emit(E.SET, path="distributed.comm", value={
             "grad_sync_wait_s": round(self._grad_wait, 6),
             "buffer_sync_wait_s": round(self._buffer_wait, 6),
             "collectives": {k: {"calls": v[0], "s": round(v[1], 6)} for k, v in self._coll.items()},
@@ -374,7 +375,7 @@ class DistributedProbe:
             "measured": ["ddp_grad_sync", "ddp_buffer_sync", "script_collectives"],
         })
         if self._models:
-            probe.emit("merge", path="distributed.ddp", value={
+            probe.emit(E.MERGE, path="distributed.ddp", value={
                 "forwards_sync": self._fwd_sync_total, "forwards_no_sync": self._fwd_nosync_total})
 
     # ---- process group -----------------------------------------------------------------------------
@@ -417,7 +418,7 @@ class DistributedProbe:
             except Exception:
                 pass
             self._pg_done = True
-        probe.emit("merge", path="distributed", value=out)
+        probe.emit(E.MERGE, path="distributed", value=out)
 
     # ---- memory ------------------------------------------------------------------------------------
     def _memory(self, probe, emit: bool) -> None:
@@ -452,4 +453,4 @@ class DistributedProbe:
             pass
         if emit:
             self._last_mem_emit = self._steps
-            probe.emit("merge", path="distributed.memory", value=dict(m))
+            probe.emit(E.MERGE, path="distributed.memory", value=dict(m))

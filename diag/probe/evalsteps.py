@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 
+from diag.evidence import events as E
 from diag.probe.models import wrappers_of
 
 EVAL_FLOPS_STEP = 3     # the evaluation step whose forward is counted with FlopCounterMode (evaluation-only runs)
@@ -138,7 +139,7 @@ class EvalStepRules:
         if self._site_dirty and self._es_count % 50 == 1:
             ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
             self._site_dirty.clear()
-        self.emit("eval_step", **ev)
+        self.emit(E.EVAL_STEP, **ev)
         if (self.max_steps is not None and self._es_count >= self.max_steps and not self._es_finishing
                 and self._evaluation_only()):
             from diag.probe.core import DiagStop
@@ -184,7 +185,7 @@ class EvalStepRules:
             self._es_close(max(last, ev_last))
         if self._es_sites:
             sites = sorted(self._es_sites.values(), key=lambda s: -s["calls"])[:MAX_SYNC_SITES]
-            self.emit("eval_syncs", sites=sites)
+            self.emit(E.EVAL_SYNCS, sites=sites)
         self._es_uninstall()
 
     # ---- tensor-method patches (lazy) ----------------------------------------------------------------
@@ -306,7 +307,7 @@ class EvalStepRules:
                      "analytic_flops": analytic,
                      "analytic_basis": "tokens" if es["tokens"] else "samples",
                      "ratio_to_analytic": flops / analytic if analytic else None}
-            self.emit("set", path="flops.eval", value=value)
+            self.emit(E.SET, path="flops.eval", value=value)
         except Exception as e:
             self.report_error("eval_steps.flops", e)
 

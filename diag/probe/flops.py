@@ -36,6 +36,7 @@ import time
 import weakref
 from typing import Any
 
+from diag.evidence import events as E
 from diag.probe.hooks import remove_hooks
 from diag.probe.models import wrappers_of
 from diag.probe.tensors import batch_size_of, grad_tensors
@@ -161,7 +162,7 @@ class FlopCounter:
                 if idx >= self.target - early:
                     if self._compiled(probe) and os.environ.get("DIAG_FLOPS_COMPILED") != "1":
                         self.analytic = True
-                        probe.emit("set", path="flops.status",
+                        probe.emit(E.SET, path="flops.status",
                                    value=f"compiled model: step {self.target} estimated as 6·N·D, not counted")
                     else:
                         self._enter(probe)
@@ -185,7 +186,7 @@ class FlopCounter:
             if not self._achieved_final:
                 self._emit_achieved(probe)
         elif not self.failed:
-            probe.emit("set", path="flops.status",
+            probe.emit(E.SET, path="flops.status",
                        value=f"the run ended after {probe.steps_done} step(s), before step {self.target} "
                              f"finished (FLOPs are counted on step {self.target}; DIAG_FLOPS_STEP changes it)")
 
@@ -202,7 +203,7 @@ class FlopCounter:
         self.counter = counter
         self.active = True
         self._entered_at = time.perf_counter()
-        probe.emit("set", path="flops.status", value=f"counting step {self.target}")
+        probe.emit(E.SET, path="flops.status", value=f"counting step {self.target}")
 
     def on_forward_start(self, probe, module) -> None:
         """A model's outermost forward begins: the FLOPs counted from here are its forward's (the
@@ -324,12 +325,12 @@ class FlopCounter:
             "instrumented_steps": sorted(self._instrumented),
             "method": "counted" if counter is not None else "analytic",
         }
-        probe.emit("set", path="flops.measured", value=self.measured)
-        probe.emit("set", path="flops.status", value=f"measured step {self.target}" if counter is not None else
+        probe.emit(E.SET, path="flops.measured", value=self.measured)
+        probe.emit(E.SET, path="flops.status", value=f"measured step {self.target}" if counter is not None else
                    f"compiled model: step {self.target} estimated as 6 x non-embedding parameters x "
                    f"{'tokens' if self._tokens and self._token_inputs else 'samples'} (DIAG_FLOPS_COMPILED=1 counts it)")
         if not flops:
-            probe.emit("set", path="flops.status",
+            probe.emit(E.SET, path="flops.status",
                        value="no FLOPs counted in the measured step (compiled or custom kernels are invisible "
                              "to FlopCounterMode)")
 
@@ -393,4 +394,4 @@ class FlopCounter:
         if self.measured is None:
             return
         totals = timed_totals(self._totals)
-        probe.emit("set", path="flops.achieved", value=summarize(self.measured, totals, self._instrumented_totals))
+        probe.emit(E.SET, path="flops.achieved", value=summarize(self.measured, totals, self._instrumented_totals))

@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 import traceback
+from diag.evidence import events as E
 
 
 def _log_handler() -> logging.Handler:
@@ -70,7 +71,7 @@ def record_failures(err) -> None:
         first_rank = None
     for rank, failure in (getattr(err, "failures", None) or {}).items():
         event = {
-            "kind": "merge", "t": 0.0, "rank": int(rank), "path": "distributed",
+            "kind": E.MERGE, "t": 0.0, "rank": int(rank), "path": "distributed",
             "run": os.environ.get("DIAG_RUN_ID"),
             "value": {"launcher_exit": {
                 "exitcode": getattr(failure, "exitcode", None),

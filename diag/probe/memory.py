@@ -34,6 +34,7 @@ import time
 import weakref
 from typing import Any
 
+from diag.evidence import events as E
 from diag.probe.hooks import remove_hooks
 from diag.probe.models import find_ddp
 
@@ -208,7 +209,7 @@ class MemoryProbe:
             rec.update(batch=self._spec.batch, inputs=self._spec.describe()[:16])
         else:
             rec["error"] = self._spec_error
-        probe.emit("set", path="memory.capture", value=rec)
+        probe.emit(E.SET, path="memory.capture", value=rec)
 
     @staticmethod
     def _forward_in_traceback(exc) -> tuple | None:
@@ -323,17 +324,17 @@ class MemoryProbe:
         if not self._device_emitted:
             self._device_emitted = True
             p = torch.cuda.get_device_properties(dev)
-            probe.emit("set", path="memory.device", value={
+            probe.emit(E.SET, path="memory.device", value={
                 "type": "cuda", "index": dev.index, "name": p.name, "total": int(p.total_memory),
                 "capability": [p.major, p.minor]})
-        probe.emit("append", path="memory.steps", value=rec, limit=MAX_STEP_RECORDS)
+        probe.emit(E.APPEND, path="memory.steps", value=rec, limit=MAX_STEP_RECORDS)
         peak = rec.get("peak") or 0
         if idx <= 2 or peak > self._last_peak * (1 + PEAK_RISE):
             self._last_peak = peak
             pers = self._persistent(probe, device_type="cuda")
             if pers is not None:
                 b = live_breakdown(rec, pers)
-                probe.emit("set", path="memory.breakdown", value=b)
+                probe.emit(E.SET, path="memory.breakdown", value=b)
 
     @staticmethod
     def _stats(torch, dev, step: int) -> dict | None:
@@ -381,7 +382,7 @@ class MemoryProbe:
     def _emit_persistent(self, probe) -> None:
         pers = self._persistent(probe)
         if pers is not None:
-            probe.emit("set", path="memory.persistent", value=pers)
+            probe.emit(E.SET, path="memory.persistent", value=pers)
 
     def _record_oom(self, probe, exc) -> None:
         from diag.memory.oom import parse_oom
@@ -405,7 +406,7 @@ class MemoryProbe:
                     rec["breakdown"] = live_breakdown(st, pers)
             except Exception as e:
                 rec["stats_error"] = f"{type(e).__name__}: {e}"
-        probe.emit("set", path="memory.oom", value=rec)
+        probe.emit(E.SET, path="memory.oom", value=rec)
 
     # ---- the replay -------------------------------------------------------------------------------
     def _capacity(self, probe, exc=None) -> tuple[int | None, str | None, Any]:
@@ -454,7 +455,7 @@ class MemoryProbe:
         result["trigger"] = trigger
         result["at_step"] = probe.steps_done
         result["wall_s"] = round(time.perf_counter() - t0, 3)
-        probe.emit("set", path="memory.estimate", value=result)
+        probe.emit(E.SET, path="memory.estimate", value=result)
 
     def _plan(self, probe, budget: float, exc=None) -> dict:
         from diag.memory.plan import HEADROOM, make_plan

@@ -9,13 +9,14 @@ import os
 import threading
 import time
 from typing import Any
+from diag.evidence import events as E
 
 FLUSH_S = 0.2          # step events wait at most this long before they are written
 # the per-step events: the step itself and the extensions' per-step records (``memory.steps``,
 # ``timeline.steps``), all handed to the writer thread; and the per-pass ``dataloader`` record (each
 # epoch or evaluation pass: written in place it also encoded every waiting step event on the step's
 # thread, ~80 µs a step on a loader of 8 batches, issue 28)
-DEFERRED = frozenset({"step", "append", "dataloader"})
+DEFERRED = frozenset({E.STEP, E.APPEND, E.DATALOADER})
 
 
 class FileSink:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 
+from diag.evidence import events as E
 from diag.probe.evalsteps import EvalStepRules
 
 
@@ -214,7 +215,7 @@ class StepRules(EvalStepRules):
             return
         self._eval_passes += 1
         end = max(end, ev["start"])
-        self.emit("evaluation", index=self._eval_passes, after_step=self.steps_done,
+        self.emit(E.EVALUATION, index=self._eval_passes, after_step=self.steps_done,
                   start_s=round(ev["start"] - self.t0, 6), time_s=end - ev["start"],
                   forwards=ev["forwards"], forward_s=ev["forward_s"], data_wait_s=ev["data_wait_s"],
                   batches=ev["batches"], loaders=sorted(ev["loaders"]))
@@ -392,7 +393,7 @@ class StepRules(EvalStepRules):
             version = _version(package)
         except Exception:
             pass
-        self.emit("framework", name=name, version=version, entry=frame_location(user_frame(2)))
+        self.emit(E.FRAMEWORK, name=name, version=version, entry=frame_location(user_frame(2)))
 
 
 # (a path fragment of the framework's own loop, its name in Evidence, its distribution)

@@ -44,6 +44,7 @@ import threading
 import time
 from collections import deque
 from typing import Any, Protocol
+from diag.evidence import events as E
 
 RING = 64               # steps waiting for their events to complete (older ones are dropped, counted)
 KEEP_STEPS = 500        # resolved steps written to the evidence (the newest; totals cover all)
@@ -509,7 +510,7 @@ class TimelineProbe:
     def on_model(self, ctx, module, info) -> None:
         if not self._on and any(str(d).startswith("cuda") for d in (info.get("devices") or [])):
             self._on = True
-            ctx.emit("set", path="timeline.clock", value="device")
+            ctx.emit(E.SET, path="timeline.clock", value="device")
 
     def on_data(self, ctx, edge: str) -> None:
         rec = self.rec
@@ -593,11 +594,11 @@ class TimelineProbe:
 
     def _write(self, ctx, records: list, force: bool = False) -> None:
         for r in records:
-            ctx.emit("append", path="timeline.steps", value=r, limit=KEEP_STEPS)
+            ctx.emit(E.APPEND, path="timeline.steps", value=r, limit=KEEP_STEPS)
         rec = self.rec
         if records and (force or any(r["index"] % FLUSH_EVERY == 0 or r["index"] <= 2 for r in records)) \
                 or force:
-            ctx.emit("merge", path="timeline", value=rec.state())
+            ctx.emit(E.MERGE, path="timeline", value=rec.state())
 
 
 __all__ = ["CudaClock", "Clock", "IDLE_INTERVALS", "INTERVAL_AFTER", "KEEP_STEPS", "RING", "TimelineProbe",

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+from diag.evidence import events as E
 
 MARKER = "DIAG_RUN_ID"
 CHECK_EVERY_S = 0.5
@@ -94,7 +95,7 @@ class TaggedSink:
             return
         if self.run_id is not None:
             event["run"] = self.run_id
-        if event.get("kind") == "start" and "argv" in event:
+        if event.get("kind") == E.START and "argv" in event:
             from diag.redact import redact_args
 
             event["argv"] = redact_args(event["argv"])

@@ -30,6 +30,7 @@ for ``SYNC_STEPS`` steps, then is switched off. Measured figures: docs/performan
 """
 from __future__ import annotations
 
+from diag.evidence import events as E
 from diag.probe.hooks import Patches, remove_hooks
 from diag.probe.perf._common import MAX_LOCATE, MAX_SITES
 from diag.probe.perf.amp import AmpRecorder
@@ -168,9 +169,9 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
         for name in sorted(dirty):
             value = getattr(self, name)
             if name in ("sync",):
-                probe.emit("merge", path=self._PATHS[name], value=value)
+                probe.emit(E.MERGE, path=self._PATHS[name], value=value)
             else:
-                probe.emit("set", path=self._PATHS[name], value=value)
+                probe.emit(E.SET, path=self._PATHS[name], value=value)
 
 
 __all__ = ["EVAL_MEASURE", "FLUSH_AT", "MAX_GRAPH_NODES", "MAX_LOCATE", "MAX_SHAPES", "MAX_SITES", "PerfProbe",

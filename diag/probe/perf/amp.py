@@ -2,6 +2,7 @@
 for amp.availability)."""
 from __future__ import annotations
 
+from diag.evidence import events as E
 from diag.probe.perf._common import _caller_outside_library, _loc_of
 from diag.probe.quiet import relocated_warnings
 
@@ -17,7 +18,7 @@ class AmpRecorder:
             perf["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         except Exception:
             perf["cpu_capability"] = None
-        probe.emit("set", path="extras.perf", value=perf)
+        probe.emit(E.SET, path="extras.perf", value=perf)
         self._patch_scaler(torch)
 
     # ---- GradScaler --------------------------------------------------------------------------------
