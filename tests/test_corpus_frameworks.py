@@ -137,7 +137,9 @@ CASES: dict[str, Case] = {
         "lstm_seq_first.py", steps=6, samples=20, tokens=700,
         truth={"steps": 6, "samples_per_step": 20, "tokens_per_step": 700}),
     "big_eval": Case(
-        "big_eval_loader.py", steps=10, samples=32,
+        # the evaluation loader (num_workers=0, ~16 ms a batch) is judged too: an info beside the clean
+        # training loader, dropped on a contended host (issue 33)
+        "big_eval_loader.py", steps=10, samples=32, tolerate=("dataloader.workers",),
         truth={"steps": 10, "eval_forwards": 48, "train_loader_workers": 1},
         train_loader={"batch_size": 32}),
     "big_eval_plant": Case(
