@@ -34,6 +34,7 @@ POLL_S = 0.05
 
 
 CHUNK = 65536
+OUTPUT_LINE_WAIT_S = 0.05   # how long one stream's text waits for the other's unfinished line
 MAX_PARTIAL_LINE = 65536      # a longer unfinished line is handed to the listeners as it is
 
 
@@ -180,6 +181,12 @@ class Run:
         self.log_path = self.run_dir / "log.txt"
         self.evidence_path = self.run_dir / "evidence.json"
         self.lock = threading.RLock()
+        # the script's two streams come through two pipes: a line one stream has begun is finished before
+        # the other stream's text goes in (print() writes its text and its newline apart; a stderr line
+        # read in between landed mid-line in log.txt and on the terminal, where the script alone never
+        # shows it so). A stream waits at most OUTPUT_LINE_WAIT_S for the other's line.
+        self._out_cond = threading.Condition()   # its own lock: the events thread never waits on output
+        self._partial: str | None = None      # the stream whose last write did not end its line
         self.evidence = Evidence(diag_version=__version__)
         run = self.evidence.run
         run.id = self.run_dir.name
@@ -404,19 +411,28 @@ class Run:
             raw = read(CHUNK)
             text = decoder.decode(raw, final=not raw)
             if text:
-                with self.lock:
-                    try:
-                        self._log_file.write(text)
-                        self._log_file.flush()
-                    except Exception as e:
-                        if disk_full(e):
-                            self._disk_full(self.log_path)
-                if target is not None:
-                    try:
-                        target.write(text)
-                        target.flush()
-                    except Exception:
-                        pass
+                with self._out_cond:
+                    deadline = time.monotonic() + OUTPUT_LINE_WAIT_S
+                    while self._partial not in (None, name) and raw:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._out_cond.wait(left)
+                    with self.lock:
+                        try:
+                            self._log_file.write(text)
+                            self._log_file.flush()
+                        except Exception as e:
+                            if disk_full(e):
+                                self._disk_full(self.log_path)
+                    if target is not None:
+                        try:
+                            target.write(text)
+                            target.flush()
+                        except Exception:
+                            pass
+                    self._partial = None if text.endswith(("\n", "\r")) else name
+                    self._out_cond.notify_all()
                 pending += text
                 *lines, pending = pending.split("\n")
                 pending = _last_redraw(pending)

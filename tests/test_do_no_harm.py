@@ -91,3 +91,24 @@ def test_the_script_sees_argv_path_and_file_as_python_gives_them(tmp_path):
         return json.loads(next(ln for ln in text.splitlines() if ln.startswith("STATE "))[6:])
 
     assert state(log) == state(bare.stdout)
+
+
+def test_lines_of_the_two_streams_are_never_merged_in_the_log(tmp_path):
+    """print() writes its text and its newline apart; diag reads stdout and stderr through two pipes. A
+    stderr line read between the two landed mid-line in log.txt (a corpus script's generated text ran
+    into its CORPUS_TRUTH line). Every line is whole, in each stream's order."""
+    import subprocess
+    import sys
+
+    (tmp_path / "mix.py").write_text(
+        "import sys\n"
+        "for i in range(400):\n"
+        "    print(f'out {i} ' + 'x' * 60)\n"
+        "    print(f'err {i}', file=sys.stderr)\n")
+    subprocess.run([sys.executable, "-m", "diag", "check", "--script", "mix.py", "--run-dir", str(tmp_path / "rd")],
+                   cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    lines = (tmp_path / "rd" / "log.txt").read_text().splitlines()
+    out = [ln for ln in lines if ln.startswith("out ")]
+    err = [ln for ln in lines if ln.startswith("err ")]
+    assert len(lines) == 800 and out == [f"out {i} " + "x" * 60 for i in range(400)]
+    assert err == [f"err {i}" for i in range(400)]

@@ -217,7 +217,8 @@ def test_corpus_hf_trainer_fixes_speak_training_arguments(hf_evidence):
     (k,) = run("cudnn.benchmark", ev)
     assert "TrainingArguments(bf16=True)" in a.fix and "torch.autocast" not in a.snippet
     assert "TrainingArguments(tf32=True)" in t.fix
-    assert "TrainingArguments(torch_compile=True)" in c.fix
+    # compile.unused passes a run that ended before its break-even (issue 33): the words only when it fires
+    assert c.severity is Severity.PASS or "TrainingArguments(torch_compile=True)" in c.fix
     # GPT2LMHeadModel's Conv1D modules are linear layers: no convolution to tune
     assert k.severity is Severity.PASS and "Conv1D" in k.evidence["not_convolutions"]
     assert a.location is not None and a.location.file.endswith("hf_trainer.py")
@@ -232,7 +233,7 @@ def test_corpus_lightning_fixes_speak_the_lightning_trainer(lightning_evidence):
     (c,) = run("compile.unused", ev)
     assert 'precision="bf16-mixed"' in a.snippet and "torch.autocast" not in a.snippet
     assert "torch.set_float32_matmul_precision" in t.snippet and "no TF32 argument" in t.fix
-    assert "trainer.fit(model" in c.snippet
+    assert c.severity is Severity.PASS or "trainer.fit(model" in c.snippet   # (see the HF test above)
 
 
 # ---- the data pipeline, the optimizer, evaluation batches and compile: the same table -------------------
