@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from diag import __version__
-from diag.errors import DiagError, ExitCode
+from diag.errors import DiagError, ExitCode, Terminated, on_stop_signals
 
 # name -> (module, one-line help). Order is the order in `diag --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -76,33 +76,16 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a CI job cancelled, a terminal closed): the same clean stop as Ctrl-C."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
 def _stop_like_ctrl_c() -> None:
     """SIGTERM and SIGHUP raise :class:`Terminated` in the main thread, at any moment (while the
     script runs, while checks run, while a large --from file loads): what Ctrl-C ends cleanly, they
     end cleanly (processes ended, temporary files removed, one line, exit 130)."""
     import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
 
     def handler(signum, frame):
         raise Terminated(signal.Signals(signum).name)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                signal.signal(sig, handler)
-        except (ValueError, OSError):
-            pass
+    on_stop_signals(handler, only_if_default=True)
 
 
 # what a terminal that cannot show them gets instead (a non-UTF-8 locale, PYTHONIOENCODING=ascii)

@@ -37,3 +37,39 @@ class DiagError(Exception):
         self.message = message
         self.code = int(code)
         self.hint = hint
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a CI job cancelled, a terminal closed): the same clean stop as Ctrl-C."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def on_stop_signals(handler, only_if_default: bool = False):
+    """Install ``handler`` for SIGTERM and SIGHUP (``only_if_default``: where the signal still has its
+    default action); returns a function that puts the previous handlers back. Outside the main thread
+    nothing can be installed, and the returned function does nothing."""
+    import signal
+    import threading
+
+    previous: dict = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                if only_if_default and signal.getsignal(sig) not in (signal.SIG_DFL, None):
+                    continue
+                previous[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass
+
+    def restore() -> None:
+        for sig, h in previous.items():
+            try:
+                signal.signal(sig, h)
+            except (ValueError, OSError):
+                pass
+
+    return restore
+

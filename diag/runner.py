@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from diag import __version__, supervise
-from diag.errors import DiagError, ExitCode
+from diag.errors import DiagError, ExitCode, Terminated, on_stop_signals
 from diag.evidence import Evidence
 from diag.fold import fold
 from diag.logtext import shown_line
@@ -321,7 +321,7 @@ class Run:
             while not self._done.is_set():
                 self._done.wait(0.1)
         except KeyboardInterrupt as e:
-            if isinstance(e, _Terminated):
+            if isinstance(e, Terminated):
                 self._signal = e.name
             self.stop("interrupted by Ctrl-C" if self._signal is None else
                       f"interrupted by {self._signal}", "interrupted")
@@ -806,36 +806,14 @@ def _lock_run_dir(run_dir: Path, shown: str):
     return fd
 
 
-class _Terminated(KeyboardInterrupt):
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
 def _interrupt_on_termination():
-    """While diag waits for a script: SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread
-    (the same clean stop as Ctrl-C). Returns a function that restores the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {}
-
+    """While diag waits for a script: SIGTERM and SIGHUP raise KeyboardInterrupt (:class:`Terminated`)
+    in the main thread (the same clean stop as Ctrl-C). Returns a function that restores the previous
+    handlers."""
     def handler(signum, frame):
-        raise _Terminated(signal.Signals(signum).name)
+        raise Terminated(signal.Signals(signum).name)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except (ValueError, OSError):
-            pass
-
-    def restore():
-        for sig, h in previous.items():
-            try:
-                signal.signal(sig, h)
-            except (ValueError, OSError):
-                pass
-
-    return restore
+    return on_stop_signals(handler)
 
 
 RUN_FILES = ("events.rank*.jsonl", "evidence.json", "report.json", "log.txt", "launcher.log")

@@ -168,7 +168,7 @@ def run(args) -> int:
         if attach.error:
             sys.stderr.write(f"diag: {attach.error}\n")
     if terminated:      # the app has put the terminal back as it was; then the clean stop of Ctrl-C
-        from diag.cli import Terminated
+        from diag.errors import Terminated
 
         raise Terminated(terminated[0])
     if run is not None:
@@ -192,8 +192,6 @@ def _exit_app_on_termination(app, terminated: list):
     import asyncio
     import signal
 
-    previous = {}
-
     def handler(signum, frame):
         name = signal.Signals(signum).name
         if not terminated:
@@ -203,25 +201,14 @@ def _exit_app_on_termination(app, terminated: list):
         except RuntimeError:
             loop = None
         if loop is None:
-            from diag.cli import Terminated
+            from diag.errors import Terminated
 
             raise Terminated(name)      # before the app runs or after it ended
         loop.call_soon_threadsafe(app.exit)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except (ValueError, OSError):
-            pass
+    from diag.errors import on_stop_signals
 
-    def restore():
-        for sig, h in previous.items():
-            try:
-                signal.signal(sig, h)
-            except (ValueError, OSError):
-                pass
-
-    return restore
+    return on_stop_signals(handler)
 
 
 def _finish(run, app) -> None:
