@@ -108,6 +108,12 @@ SYNC_MIN_STEPS = 4
 TRAIN_MODE_LAYERS = ("Dropout", "BatchNorm", "AlphaDropout", "FeatureAlphaDropout", "SyncBatchNorm")
 
 
+def _train_mode_layers(types: dict) -> dict:
+    """The model's layers that act differently in train mode (dropout, batch norm: their names hold it)."""
+    return {k: v for k, v in types.items() if any(k.endswith(t) or k.startswith(t) for t in TRAIN_MODE_LAYERS)
+            or "Dropout" in k or "BatchNorm" in k}
+
+
 def eval_sites(r) -> list:
     """The forward sites that evaluated: the sites of the evaluation steps, or (older evidence, an
     evaluation run) every forward site that did not train. Most-called first."""
@@ -228,8 +234,7 @@ def eval_train_mode(ctx):
         count = sum(s.count for s in group)
         model = r.model(site.model)
         types = (model.module_types if model else {}) or {}
-        layers = {k: v for k, v in types.items() if any(k.endswith(t) or k.startswith(t) for t in TRAIN_MODE_LAYERS)
-                  or "Dropout" in k or "BatchNorm" in k}
+        layers = _train_mode_layers(types)
         sev = Severity.WARNING if layers or model is None else Severity.INFO
         named = ", ".join(f"{n} x{c}" for n, c in sorted(layers.items())) if layers else ""
         msg = (f"{count} evaluation forward(s) of {site.module}{_where(site)} ran with the model in training mode"
@@ -544,7 +549,7 @@ def inference_after_training(ctx):
         count = sum(s.count for s in group)
         model = r.model(site.model)
         types = (model.module_types if model else {}) or {}
-        layers = {k: v for k, v in types.items() if "Dropout" in k or "BatchNorm" in k}
+        layers = _train_mode_layers(types)
         train = any(s.training for s in group)
         grad = any(s.grad_enabled and not s.inference_mode and s.output_requires_grad for s in group)
         parts = []

@@ -202,13 +202,8 @@ class _Plugins:
             try:
                 self.worker = PluginWorker(self.memory).start()
             except (WorkerDied, WorkerTimeout) as e:
-                why = e.why if isinstance(e, WorkerDied) else "the plugin worker did not start in time"
-                for key, _dist in self.eps:
-                    if key not in self.failed and on_problem is not None:
-                        on_problem(key, why)
-                    self.failed.add(key)
-                self.close()
-                return False
+                return self._fail_all(e.why if isinstance(e, WorkerDied) else "the plugin worker did not start in time",
+                                      on_problem)
             self.starts += 1
             self.evidence_id = None
             current = None
@@ -234,16 +229,20 @@ class _Plugins:
                     if current else e.why
             self.start_s += time.monotonic() - t0
             if current is None:
-                for key, _dist in self.eps:
-                    if key not in self.failed and on_problem is not None:
-                        on_problem(key, why)
-                    self.failed.add(key)
-                self.close()
-                return False
+                return self._fail_all(why, on_problem)
             if on_problem is not None:
                 on_problem(current, why)
             self.failed.add(current)
             self.close()       # and start again without it
+
+    def _fail_all(self, why: str, on_problem) -> bool:
+        """Every plugin not yet failed fails with ``why`` (the worker could not go on); False."""
+        for key, _dist in self.eps:
+            if key not in self.failed and on_problem is not None:
+                on_problem(key, why)
+            self.failed.add(key)
+        self.close()
+        return False
 
     def close(self) -> None:
         if self.worker is not None:
