@@ -61,10 +61,15 @@ def job(tmp_path):
 
 
 def test_job_names_the_sleeping_rank(job, capsys):
-    code = main(["attach", "--job", str(job.pid), "--duration", "4", "--rate", "100", "--format", "json"])
-    rep = json.loads(capsys.readouterr().out)
-    assert [a["rank"] for a in rep["attach"]] == [0, 1]
-    f = [x for x in rep["findings"] if x["id"] == "distributed.straggler"][0]
+    for duration in ("4", "8"):
+        code = main(["attach", "--job", str(job.pid), "--duration", duration, "--rate", "100", "--format", "json"])
+        rep = json.loads(capsys.readouterr().out)
+        assert [a["rank"] for a in rep["attach"]] == [0, 1]
+        f = [x for x in rep["findings"] if x["id"] == "distributed.straggler"][0]
+        # a cold machine (the first test of a fresh clone) can leave a 4-s window without one completed
+        # step-like cycle: the check then says so (skipped), honestly; a longer window judges
+        if not (f["severity"] == "skipped" and "No rank completed" in f["message"]):
+            break
     assert f["severity"] == "warning", f
     assert f["evidence"]["odd_rank"] == 1
     assert "rank 1 is the straggler" in f["message"]
