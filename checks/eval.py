@@ -108,6 +108,13 @@ SYNC_MIN_STEPS = 4
 TRAIN_MODE_LAYERS = ("Dropout", "BatchNorm", "AlphaDropout", "FeatureAlphaDropout", "SyncBatchNorm")
 
 
+def _group_facts(r, group) -> tuple:
+    """(first site, forwards, its model or None, the model's train-mode layers) of sites on one line."""
+    site = group[0]
+    model = r.model(site.model)
+    return site, sum(s.count for s in group), model, _train_mode_layers((model.module_types if model else {}) or {})
+
+
 def _train_mode_layers(types: dict) -> dict:
     """The model's layers that act differently in train mode (dropout, batch norm: their names hold it)."""
     return {k: v for k, v in types.items() if any(k.endswith(t) or k.startswith(t) for t in TRAIN_MODE_LAYERS)
@@ -230,11 +237,7 @@ def eval_train_mode(ctx):
                          title="Evaluation in eval mode")
         return
     for group in _by_line(bad):
-        site = group[0]
-        count = sum(s.count for s in group)
-        model = r.model(site.model)
-        types = (model.module_types if model else {}) or {}
-        layers = _train_mode_layers(types)
+        site, count, model, layers = _group_facts(r, group)
         sev = Severity.WARNING if layers or model is None else Severity.INFO
         named = ", ".join(f"{n} x{c}" for n, c in sorted(layers.items())) if layers else ""
         msg = (f"{count} evaluation forward(s) of {site.module}{_where(site)} ran with the model in training mode"
@@ -545,11 +548,7 @@ def inference_after_training(ctx):
                          forwards=sum(s.count for s in after), title="Nothing runs in training mode after training")
         return
     for group in _by_line(bad):
-        site = group[0]
-        count = sum(s.count for s in group)
-        model = r.model(site.model)
-        types = (model.module_types if model else {}) or {}
-        layers = _train_mode_layers(types)
+        site, count, model, layers = _group_facts(r, group)
         train = any(s.training for s in group)
         grad = any(s.grad_enabled and not s.inference_mode and s.output_requires_grad for s in group)
         parts = []
