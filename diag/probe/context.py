@@ -77,6 +77,10 @@ class ProbeContext(Protocol):
                               (False for a second model's forward in the same step, e.g. a GAN's).
     ``manual_mode``           True when the script trains without an optimizer step (steps end at the
                               next batch), False when not, None until decided.
+    ``sampled``               whether the step in progress is a sampled one: an extension does its
+                              per-step extras (device timeline, allocator reads, ...) only on sampled
+                              steps, so that the probe's cost stays within its budget (issue 28). The
+                              probe's core step accounting runs on every step either way.
     """
 
     rank: int
@@ -89,6 +93,7 @@ class ProbeContext(Protocol):
     forward_start: float
     step_closed_at: float
     forward_counts_samples: bool
+    sampled: bool
 
     @property
     def manual_mode(self) -> bool | None: ...

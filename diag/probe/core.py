@@ -157,6 +157,7 @@ class Probe(StepRules):
         self._bare_had_model = False
         self._seek_model = False     # inside a parameterless outermost forward, no model seen yet
         self.forward_counts_samples = True   # the training forward being reported adds to the step's samples
+        self.sampled = True          # the step in progress is a sampled one (ProbeContext.sampled; issue 28)
         self._in_data = 0
         self._in_backward = False
         self._bwd_start = 0.0
