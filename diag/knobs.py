@@ -19,7 +19,7 @@ plain-PyTorch call where that still reaches the run).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 FRAMEWORKS = ("torch", "transformers", "lightning", "accelerate")
@@ -47,6 +47,12 @@ class Knob:
     trial: str                             # how a trial applies it from outside the script (diag try)
     checks: tuple[str, ...]                # the checks whose fix it words
     words: dict[str, Spelling] = field(default_factory=dict)   # framework -> spelling ("torch" always)
+    # diag try (docs/try.md): "switch" (the probe turns it on and off between blocks of steps of one
+    # process), "restart" (set when an object is built: a run of its own), "none" (not from outside:
+    # ``outside`` says why); ``param``: the value the id takes (dataloader.workers=N), None for a flag
+    mode: str = "none"
+    param: str | None = None
+    outside: str = ""
 
     def spelling(self, framework: str | None) -> Spelling:
         return self.words.get(framework or "torch") or self.words["torch"]
@@ -392,7 +398,66 @@ _KNOBS = [
          }),
 ]
 
+# diag try: how the probe extension (diag/probe/knobapply.py) applies each knob from outside the
+# script, and why the others cannot be. A knob appended to _KNOBS without an entry here is "none".
+_NOT_STEP = ("diag try times training steps; an evaluation knob needs evaluation steps timed knob off "
+             "and on, which it does not do yet")
+_TRIALS: dict[str, tuple[str, str | None, str]] = {
+    "amp.bf16": ("switch", None, ""),
+    "matmul.tf32": ("switch", None, ""),
+    "cudnn.benchmark": ("switch", None, ""),
+    "optim.set-to-none": ("switch", None, ""),
+    "debug.anomaly": ("switch", None, ""),
+    "dataloader.workers": ("restart", "N", ""),
+    "dataloader.pin-memory": ("restart", None, ""),
+    "dataloader.persistent-workers": ("restart", None, ""),
+    "optim.fused": ("restart", None, ""),
+    "compile": ("restart", None, ""),
+    "amp.fp16": ("none", None, "fp16 needs a GradScaler in the script's backward and optimizer step "
+                 "(scaler.scale(loss).backward(), scaler.step(opt)); diag does not rewrite them"),
+    "eval.bf16": ("none", None, _NOT_STEP),
+    "eval.batch": ("none", "N", _NOT_STEP),
+    "eval.inference-mode": ("none", None, _NOT_STEP),
+    "compile.cuda-graphs": ("none", None, "CUDA graphs need static shapes and memory the script must "
+                            "plan for; try `compile` first"),
+    "train.accumulation": ("none", "N", "it changes what a step computes (more samples per update), so "
+                           "step times are not comparable"),
+    "log.interval": ("none", "N", "the logging interval is the script's or the framework's own setting"),
+    "ddp.find-unused": ("none", None, "diag try runs one process; DDP settings need torchrun"),
+}
+_KNOBS = [replace(k, mode=_TRIALS[k.id][0], param=_TRIALS[k.id][1], outside=_TRIALS[k.id][2])
+          if k.id in _TRIALS else replace(k, outside=k.outside or "no trial is defined for this knob")
+          for k in _KNOBS]
+
 KNOBS: dict[str, Knob] = {k.id: k for k in _KNOBS}
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``"dataloader.workers=4"`` -> ``("dataloader.workers", 4)``; ``"amp.bf16"`` -> ``("amp.bf16",
+    None)``. Raises ValueError with one sentence for an unknown id or a bad value."""
+    text = spec.strip()
+    kid, eq, val = text.partition("=")
+    kid = kid.strip()
+    k = KNOBS.get(kid)
+    if k is None:
+        close = [i for i in KNOBS if kid and (kid in i or i in kid)]
+        raise ValueError(f"unknown knob {kid!r}" + (f" (did you mean {', '.join(close[:3])}?)" if close else "")
+                         + "; `diag try --list` shows every knob")
+    if not eq:
+        return kid, None
+    if k.param is None:
+        raise ValueError(f"knob {kid!r} takes no value (give it as {kid})")
+    try:
+        n = int(val.strip())
+    except ValueError:
+        raise ValueError(f"knob {kid!r} takes a whole number: {kid}={k.param}, not {text!r}") from None
+    if n < 0 or n > 1024:
+        raise ValueError(f"knob {kid!r} takes a number from 0 to 1024, not {n}")
+    return kid, n
+
+
+def spec_text(kid: str, value: int | None) -> str:
+    return kid if value is None else f"{kid}={value}"
 
 
 def knob(knob_id: str) -> Knob:
@@ -448,4 +513,5 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "KNOBS", "Knob", "Spelling", "knob", "words", "markdown"]
+__all__ = ["FRAMEWORKS", "FRAMEWORK_NAMES", "KNOBS", "Knob", "Spelling", "knob", "words", "markdown", "parse_spec",
+           "spec_text"]
