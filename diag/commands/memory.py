@@ -25,6 +25,12 @@ examples:
                           run 1 step at batch 4 here, plan for batch 512 on an H100
   diag memory --script train.py --gpu l4 --format json > plan.json
   diag memory --from .diag/runs/<id>/evidence.json               print a saved plan again
+  diag memory --script train.py --gpu h100 --shard fsdp --world 8
+                          one rank of an 8-GPU FSDP (fully_shard) job: what it holds, the largest
+                          batch per rank, the world size needed when one GPU is not enough
+  diag memory --script train.py --gpu a100-80gb --shard zero3 --mixed-precision bf16
+                          DeepSpeed ZeRO-3 in bf16, at the smallest world size that fits
+  diag memory --from .diag/runs/<id> --shard zero2 --world 4      re-plan a saved run; runs nothing
 
 exit codes: 0 the batch fits (or no device was given) · 1 it does not fit, or the step could not be
             replayed (the reason is printed) · 2 usage or bad input · 3 the script failed before a
@@ -55,6 +61,22 @@ def add_arguments(p) -> None:
                    help="memory kept free: 0.1 or 10%% (default 10%%, the memory.headroom check's line)")
     t.add_argument("--budget", type=positive_float, default=120.0, metavar="SECONDS",
                    help="time allowed for the replays (default 120)")
+    s = p.add_argument_group("sharded training (FSDP, DeepSpeed ZeRO; docs/memory.md, 'Sharded training')")
+    s.add_argument("--shard", metavar="STRATEGY", type=_strategy,
+                   help="plan one rank of a sharded job: ddp, zero1, zero2, zero3, fsdp (FULL_SHARD, FSDP2 "
+                        "fully_shard), shard-grad-op, hybrid. Run the script unsharded (one process); diag "
+                        "divides what it holds as the strategy does")
+    s.add_argument("--world", type=positive_int, metavar="N",
+                   help="ranks of the sharded job (default: the smallest number that fits the target)")
+    s.add_argument("--gpus-per-node", type=positive_int, default=8, metavar="N",
+                   help="GPUs per node: the shard group of --shard hybrid (default 8)")
+    s.add_argument("--mixed-precision", choices=("bf16", "fp16"), metavar="DTYPE",
+                   help="bf16 or fp16: DeepSpeed's 16-bit mode (2-byte weights and gradients, an fp32 master "
+                        "copy in the optimizer) or FSDP's MixedPrecisionPolicy(param_dtype=...) "
+                        "(gathered copies in 16 bits)")
+    s.add_argument("--unit-params", type=_count, metavar="N",
+                   help="parameters of the largest FSDP unit (e.g. 85M: one transformer block), what "
+                        "FSDP gathers at once (default: the model divided by its repeated blocks)")
     p.add_argument("--from", dest="from_", metavar="EVIDENCE",
                    help="print the plan saved in an evidence.json (or run directory); runs nothing")
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -71,6 +93,47 @@ def _fraction(text: str) -> float:
     if not 0 <= v < 0.9:
         raise argparse.ArgumentTypeError(f"must be between 0 and 90%, got {text}")
     return v
+
+
+def _strategy(text: str) -> str:
+    import argparse
+
+    from diag.memory.sharded import normalise_strategy
+
+    try:
+        return normalise_strategy(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _count(text: str) -> int:
+    """A parameter count: 85000000, 85M, 1.5B, 350k."""
+    import argparse
+
+    t = text.strip().replace("_", "").replace(",", "")
+    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}.get(t[-1:].lower(), 1)
+    try:
+        v = float(t[:-1] if mult != 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of parameters like 85M or 1.5B, got {text!r}") from None
+    if not v >= 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 parameter, got {text}")
+    return int(v)
+
+
+def shard_spec(args) -> dict | None:
+    """The --shard options as build_memory_plan takes them; None without --shard."""
+    strategy = getattr(args, "shard", None)
+    extra = [f for f, d in (("--world", "world"), ("--mixed-precision", "mixed_precision"),
+                            ("--unit-params", "unit_params")) if getattr(args, d, None)]
+    if strategy is None:
+        if extra:
+            raise DiagError(f"{', '.join(extra)} describe a sharded job: give --shard STRATEGY too "
+                            "(fsdp, zero1, zero2, zero3, shard-grad-op, hybrid, ddp)")
+        return None
+    return {"strategy": strategy, "world": getattr(args, "world", None),
+            "gpus_per_node": getattr(args, "gpus_per_node", 8), "mixed": getattr(args, "mixed_precision", None),
+            "unit_params": getattr(args, "unit_params", None)}
 
 
 def resolve_target(args) -> dict | None:
@@ -104,6 +167,10 @@ def run(args) -> int:
         raise DiagError("nothing to plan: give --script PATH (and --gpu NAME or --memory SIZE)",
                         hint="diag memory --help shows the options")
     target = resolve_target(args)
+    shard = shard_spec(args)
+    if shard and not shard.get("world") and target is None and not args.from_:
+        raise DiagError("--shard needs --world N, or a target device (--gpu NAME or --memory SIZE) to find "
+                        "the world size that fits")
     if args.from_ and target is not None:
         raise DiagError("--from prints the plan saved in a run; to plan for another device, run "
                         "diag memory --script again with --gpu or --memory")
@@ -112,12 +179,18 @@ def run(args) -> int:
         from diag.memory.verdict import build_memory_plan
 
         ev = load_evidence(args.from_)
-        plan = ev.memory_plan or build_memory_plan(ev, target)
+        if shard is not None:
+            from diag.memory.verdict import add_sharded
+
+            plan = dict(ev.memory_plan) if ev.memory_plan else build_memory_plan(ev, target)
+            add_sharded(plan, ev, shard)
+        else:
+            plan = ev.memory_plan or build_memory_plan(ev, target)
         return _emit(args, ev, plan)
-    return _run_script(args, target)
+    return _run_script(args, target, shard)
 
 
-def _run_script(args, target: dict | None) -> int:
+def _run_script(args, target: dict | None, shard: dict | None = None) -> int:
     import os
 
     from diag.memory.verdict import build_memory_plan
@@ -160,7 +233,7 @@ def _run_script(args, target: dict | None) -> int:
         if dev:
             target = {"name": dev.get("name"), "memory": dev.get("total"), "source": "the GPU the script ran on",
                       "capability": dev.get("capability")}
-    plan = build_memory_plan(ev, target)
+    plan = build_memory_plan(ev, target, shard)
     with run.lock:
         ev.memory_plan = plan
     run.save()
@@ -171,6 +244,12 @@ def _run_script(args, target: dict | None) -> int:
 
 
 def exit_code(ev, plan: dict) -> int:
+    sh = plan.get("sharded") or {}
+    if plan["status"] == "ok" and sh.get("asked"):
+        # asked for a sharded plan: its verdict is the one that counts (one rank of the job)
+        if sh.get("status") != "ok":
+            return ExitCode.FINDINGS
+        return ExitCode.FINDINGS if sh.get("fits") is False else ExitCode.OK
     if plan["status"] == "ok":
         return ExitCode.FINDINGS if plan["verdict"].get("fits") is False else ExitCode.OK
     if ev.run.status in ("failed", "oom", "killed"):

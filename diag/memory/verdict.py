@@ -29,7 +29,16 @@ def eval_batch_observed(rank) -> int | None:
     return best
 
 
-def build_memory_plan(ev, target: dict | None = None) -> dict[str, Any]:
+def build_memory_plan(ev, target: dict | None = None, shard: dict | None = None) -> dict[str, Any]:
+    """``shard``: ``{"strategy", "world", "gpus_per_node", "mixed", "unit_params", "buckets"}`` (``diag
+    memory --shard``) adds the per-rank plan under ``sharded`` (:mod:`diag.memory.sharded`); without it a
+    run whose evidence shows sharding (FSDP, DeepSpeed) is planned as it ran."""
+    plan = _build(ev, target)
+    add_sharded(plan, ev, shard)
+    return plan
+
+
+def _build(ev, target: dict | None) -> dict[str, Any]:
     r = ev.primary
     mem = r.memory if isinstance(r.memory, dict) else {}
     est = mem.get("estimate")
@@ -61,3 +70,60 @@ def build_memory_plan(ev, target: dict | None = None) -> dict[str, Any]:
         "accumulation": acc,
     }
     return plan
+
+
+def add_sharded(plan: dict, ev, shard: dict | None) -> None:
+    """Add ``plan["sharded"]``: the plan of one rank of a sharded job (asked, or inferred from the run).
+    A plan that cannot be made says why in ``sharded.reason`` (status ``skipped``)."""
+    from diag.memory.sharded import base_from_estimate, infer_sharding, largest_unit, make_sharded_plan
+
+    inferred = None
+    if shard is None:
+        inferred = infer_sharding(ev) if ev.ranks else None
+        if inferred is None:
+            return
+        shard = {"strategy": inferred["strategy"], "world": inferred["world"]}
+    r = ev.primary
+    mem = r.memory if isinstance(r.memory, dict) else {}
+    pers = mem.get("persistent") or {}
+    model = None
+    if r.models:
+        m = max(r.models, key=lambda m: m.params_total)
+        model = {"cls": m.cls, "params_total": m.params_total, "params_trainable": m.params_trainable,
+                 "module_types": dict(m.module_types), "layer_shapes": list(m.layer_shapes)}
+    out: dict[str, Any] = {"status": "skipped", "reason": None, "asked": inferred is None,
+                           "inferred": inferred, "measured": None}
+    if inferred is not None:
+        world = max(1, int(inferred.get("world") or 1))
+        measured = {"parameters": int(pers.get("params", 0)) + int(pers.get("buffers", 0)),
+                    "gradients": int(pers.get("grads", 0)), "optimizer_state": int(pers.get("optimizer_state", 0))} \
+            if pers else None
+        out["measured"] = measured
+    est = (plan.get("estimate") or {})
+    if plan["status"] != "ok" or not est.get("points") and not est.get("at_target"):
+        out["reason"] = ("the run is sharded, and a sharded model cannot be replayed on fake tensors: run the "
+                         "script unsharded on one process (diag memory --script ... --shard "
+                         f"{shard['strategy']} --world {shard.get('world') or 'N'}) to plan it"
+                         if inferred is not None else
+                         f"no unsharded replay to divide ({plan.get('reason') or 'the replay did not run'})")
+        plan["sharded"] = out
+        return
+    rep = est.get("replay") or {}
+    try:
+        base = base_from_estimate(est, pers, model, rep.get("zero_grad_set_to_none"))
+        unit, unit_src = (int(shard["unit_params"]), "--unit-params") if shard.get("unit_params") \
+            else largest_unit(model, base["psi"])
+        tgt = plan.get("target") or {}
+        sp = make_sharded_plan(
+            base, shard["strategy"], shard.get("world"), int(est.get("target_batch") or est.get("observed_batch") or 1),
+            capacity=est.get("capacity") or tgt.get("memory"), headroom=est.get("headroom") or 0.10,
+            gpus_per_node=int(shard.get("gpus_per_node") or 8), mixed=shard.get("mixed"), unit_params=unit,
+            unit_source=unit_src, facts=est.get("facts"), capability=est.get("capability") or tgt.get("capability"),
+            buckets=shard.get("buckets"))
+    except ValueError as e:
+        out["reason"] = str(e)
+        plan["sharded"] = out
+        return
+    out.update(sp)
+    out["status"] = "ok"
+    plan["sharded"] = out

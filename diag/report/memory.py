@@ -26,6 +26,7 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
         word = "skipped" if plan["status"] == "skipped" else "no plan"
         console.print(f"[yellow]{word}[/]: {plan.get('reason')}")
         _render_live(plan, console)
+        render_sharded(plan.get("sharded"), console)
         return
     v = plan["verdict"]
     rep = est.get("replay") or {}
@@ -109,6 +110,78 @@ def render_plan(plan: dict, console, script: str | None = None) -> None:
     for n in list(rep.get("notes") or []) + list(est.get("notes") or []):
         console.print(f"[yellow]note[/]: {n}")
     _render_live(plan, console)
+    render_sharded(plan.get("sharded"), console)
+
+
+def render_sharded(sh: dict | None, console) -> None:
+    """One rank of a sharded job (``plan["sharded"]``, :mod:`diag.memory.sharded`)."""
+    if not sh:
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    console.print()
+    inf = sh.get("inferred")
+    if sh.get("status") != "ok":
+        what = f"the run is sharded ({inf['strategy']}, world size {inf['world']}; {inf['source']})" if inf else \
+            "sharded plan"
+        console.print(Text(f"Sharded: {what}", style="bold"))
+        console.print(f"[yellow]skipped[/]: {sh.get('reason')}")
+        m = sh.get("measured")
+        if m:
+            console.print("measured on rank 0 (its local shards): " + ", ".join(
+                f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in m.items()))
+        return
+    r = sh["rank"]
+    head = f"Sharded: one rank of {sh['world']:,} under {sh['label']}"
+    if inf:
+        head += f" (as the run ran: {inf['source']})"
+    console.print(Text(head, style="bold"))
+    div = r.get("divisors") or {}
+    console.print(f"{sh['psi']:,} parameters; per rank batch {sh['batch_per_rank']:,} (global {sh['global_batch']:,})"
+                  + (f", {sh['mixed_precision']} mixed precision" if sh.get("mixed_precision") else "")
+                  + "; divided by: parameters " + str(div.get("parameters")) + ", gradients "
+                  + str(div.get("gradients")) + ", optimizer state " + str(div.get("optimizer_state")))
+    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", title="per rank", title_justify="left")
+    for col in ("", "unsharded", "per rank"):
+        t.add_column(col, justify="right" if col else "left")
+    un = sh.get("unsharded") or {}
+    for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer_state", "optimizer state")):
+        t.add_row(label, fmt_bytes(un.get(key)), fmt_bytes((r.get("state") or {}).get(label.replace(" ", "_"))))
+    ph = (r.get("phases") or {}).get(r.get("peak_phase")) or {}
+    t.add_row("activations and temporaries", "", fmt_bytes(ph.get("transient")))
+    t.add_row("communication buffers", "", fmt_bytes(ph.get("comm")))
+    if r.get("mixed_copies"):
+        t.add_row("of which fp32 master copy (in optimizer state)", "", fmt_bytes(r["mixed_copies"]))
+    t.add_row("allocated (peak, in the " + str(r.get("peak_phase")) + ")", fmt_bytes(sh["one_gpu"]["allocated"]),
+              fmt_bytes(r.get("allocated")))
+    t.add_row("device", fmt_bytes(sh["one_gpu"]["device"]), fmt_bytes(r.get("device")))
+    console.print(t)
+    comm = r.get("comm") or {}
+    if comm:
+        console.print("communication buffers: " + "; ".join(
+            f"{phase}: " + ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in parts.items())
+            for phase, parts in comm.items())
+            + (f" (largest unit {sh['unit_params']:,} parameters: {sh.get('unit_source')})"
+               if sh.get("strategy") in ("fsdp", "hybrid", "zero3", "shard-grad-op") else ""))
+    if sh.get("buckets"):
+        console.print("DeepSpeed buckets (elements): " + ", ".join(f"{k} {v:.3g}" for k, v in sh["buckets"].items()))
+    if sh.get("usable") is not None:
+        if sh.get("fits"):
+            console.print(f"[green]each rank fits[/]: {fmt_bytes(r['device'])} of {fmt_bytes(sh['usable'])} usable")
+        else:
+            console.print(f"[red]a rank does not fit[/]: {fmt_bytes(r['device'])} > {fmt_bytes(sh['usable'])} usable")
+        if sh.get("max_batch"):
+            console.print(f"[bold]largest batch per rank that fits: {sh['max_batch']:,}[/] "
+                          f"(global {sh['max_batch'] * sh['world']:,} at world size {sh['world']:,})")
+        if sh.get("world_needed"):
+            one = "fits on one GPU unsharded" if sh.get("fits_one_gpu") else "does not fit one GPU"
+            console.print(f"[bold]smallest world size that fits batch {sh['batch_per_rank']:,} per rank: "
+                          f"{sh['world_needed']:,}[/] (the model {one})")
+        elif sh.get("world_needed_reason"):
+            console.print(f"[yellow]{sh['world_needed_reason']}[/]")
+    for n in sh.get("notes") or []:
+        console.print(f"[yellow]note[/]: {n}")
 
 
 def search_basis(mb: int, search: dict, points=None) -> str:
