@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cost": ("diag.commands.cost", "FLOPs, GPU-hours, days and money for training and evaluation (formula or measured run)"),
     "gpus": ("diag.commands.gpus", "the GPUs now, per device and per process, plus host CPU/RAM (--json, --watch)"),
     "compare": ("diag.commands.compare", "two runs side by side, noise-aware: step time and its phases, memory, MFU, findings (CI gate)"),
+    "merge": ("diag.commands.merge", "judge a Slurm job's shared run directory (srun diag check ...) as one job"),
     "checks": ("diag.commands.checks", "list every check: id, severity, what it looks for and its source"),
     "demo": ("diag.commands.demo", "run `diag check` on a bundled training script with planted problems"),
 }

@@ -134,8 +134,11 @@ def execute(args, echo_default: str = "stdout"):
         interrupted = False
     else:
         from diag.runner import Run
+        from diag.slurm import CheckPart
 
-        run = Run(run_config(args, echo="stderr" if machine else echo_default))
+        cfg = run_config(args, echo="stderr" if machine else echo_default)
+        slurm = CheckPart.for_check(args, cfg)     # one task of a Slurm step (diag/slurm.py), or None
+        run = Run(cfg)
         how = (f"under torchrun, {run.config.nproc_per_node} process(es) per node, the probe in every rank"
                if run.config.nproc_per_node else "under the probe")
         from diag.sanitize import for_terminal
@@ -158,6 +161,12 @@ def execute(args, echo_default: str = "stdout"):
         if run.run_deleted:
             sys.stderr.write(f"diag: the script deleted its run directory {run.run_dir}; the report below "
                              "holds what was read before that (log.txt is lost)\n")
+        if slurm is not None and not interrupted:
+            merged, line = slurm.finish(evidence)
+            if merged is None:
+                args._slurm_part = line         # another task reports on the whole job
+                return evidence, []
+            evidence = merged
     findings = registry.run(evidence)   # probe or attach evidence alike: each check knows what it can judge
     return evidence, findings
 
@@ -275,6 +284,13 @@ def run(args) -> int:
     elif getattr(args, "max_regression", None) or getattr(args, "force", False) or getattr(args, "min_runs", None):
         raise DiagError("--max-regression and --force only apply with --baseline FILE")
     evidence, findings = execute(args)
+    part = getattr(args, "_slurm_part", None)
+    if part:    # a Slurm task that is not the last to finish: one line, no report
+        sys.stdout.write(f"diag: {part}\n")
+        sys.stdout.flush()
+        if getattr(args, "_disk_error", None):
+            raise DiagError(args._disk_error)
+        return ExitCode.SCRIPT_FAILED if evidence.run.status in ("failed", "oom", "killed") else ExitCode.OK
     code = exit_code_for(evidence, findings, args.fail_on)
     comparison = None
     if baseline is not None:
