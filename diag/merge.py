@@ -132,7 +132,8 @@ def merge_evidence(evidences: list[Evidence], sources: list[str] | None = None) 
     if missing:
         notes.append(f"ranks {_ranks_text(missing)} of world size {world} are in none of the files: "
                      "the checks judge the ranks present only")
-    if any(ev.gpu for i, ev in enumerate(evidences) if i != primary_idx):
+    if any(ev.gpu and (ev.gpu.get("provider") not in (None, "none") or ev.gpu.get("devices"))
+           for i, ev in enumerate(evidences) if i != primary_idx):
         notes.append(f"GPU telemetry is that of {_label(sources[primary_idx])} (the node of rank 0); "
                      "the other nodes' telemetry is in their own evidence files")
     out.notes = notes

@@ -397,7 +397,7 @@ class CheckPart:
             return None
         torchrun = bool(cfg.nproc_per_node)
         path = Path(args.run_dir) if getattr(args, "run_dir", None) else default_job_dir(step, cfg.runs_root)
-        job = JobDir(path, step, "torchrun per node" if torchrun else "one task per rank")
+        job = JobDir(path.absolute(), step, "torchrun per node" if torchrun else "one task per rank")
         job.prepare()
         cfg.run_dir = str(job.part_dir)
         if torchrun:
