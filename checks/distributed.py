@@ -43,6 +43,15 @@ def _comm_measured(r) -> bool:
     return bool(r.distributed.get("comm")) or any("comm_wait_s" in s.extra for s in r.steps)
 
 
+def _sharded_api(ev) -> str | None:
+    """``fsdp2`` / ``fsdp1`` when a rank recorded a sharded model (distributed.fsdp), else None."""
+    for r in ev.ranks:
+        f = r.distributed.get("fsdp") if r.distributed else None
+        if isinstance(f, dict) and f.get("api"):
+            return str(f["api"])
+    return None
+
+
 def _async_loading(r) -> bool:
     """Does the rank's main DataLoader (the one with most batches) load in worker processes?"""
     if not r.dataloaders:
@@ -184,9 +193,16 @@ def straggler(ctx):
                           f"{contention['cpus']} CPUs busy, other work using {contention['others_cores']:g} "
                           "cores), and a difference this size can be how the host scheduled one rank.")
         fix = "Measure again on a host the job does not share (or with fewer ranks per host): " + fix
+    sharded = _sharded_api(ev)
+    if sharded:
+        numbers["sharded"] = sharded
+        sync = ("FSDP's all-gathers (before each unit's forward and backward) and reduce-scatters make every rank "
+                "wait for the slowest one several times a step")
+    else:
+        sync = "DDP's all-reduce makes every rank wait for the slowest one at every step"
     yield ctx.finding(
         severity=sev, message=msg, evidence={**numbers, "per_rank": per_rank},
-        why="DDP's all-reduce makes every rank wait for the slowest one at every step, so the whole job "
+        why=f"{sync}, so the whole job "
             f"runs at rank {rank}'s pace; the other {len(phases) - 1} rank(s) idle for the difference.",
         fix=fix, snippet=snippet,
     )
@@ -321,6 +337,8 @@ def _model_device_types(r) -> set[str]:
     for m in (r.distributed.get("ddp") or {}).get("models", []) or []:
         if m.get("device"):
             types.add(str(m["device"]).split(":")[0])
+    fsdp = r.distributed.get("fsdp") or {}
+    types.update(str(d) for d in fsdp.get("devices") or [] if d)
     if not types:
         for m in r.models:
             if m.wrappers and ("DistributedDataParallel" in m.wrappers or "FullyShardedDataParallel" in m.wrappers):

@@ -23,6 +23,8 @@ class DistributedSection(Section):
     mpi: bool | None = None
     nccl_version: str | None = None
     ddp: dict[str, Any] | None = None   # DDP models (options, devices), forwards with/without no_sync
-    comm: dict[str, Any] | None = None  # grad/buffer sync wait [seconds], collectives {name: {calls, s}}
+    comm: dict[str, Any] | None = None  # grad/buffer sync wait [seconds], collectives {name: {calls, s, bytes, exposed_s, async, found_done, in_flight_s, kind}}: every torch.distributed collective (the script's, FSDP's, DeepSpeed's)
+    comm_device: list[Any] | None = None  # per sampled step {step, exposed_s, comm_s, kinds}: collectives and their waits on the compute stream (CUDA events), seconds
+    fsdp: dict[str, Any] | None = None  # the sharded model: api (fsdp2 | fsdp1), units, unit_list, reshard_after_forward, prefetch, mixed_precision, offload, sharding_strategy (diag/probe/fsdp.py)
     memory: dict[str, Any] | None = None  # this rank's peak memory as the distributed probe read it
     launcher_exit: dict[str, Any] | None = None  # what torchrun said when a rank failed
