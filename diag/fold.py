@@ -15,6 +15,7 @@ from diag.evidence import (MAX_EXCEPTIONS_KEPT, MAX_LIST_SECTION, MAX_STEPS_KEPT
                            RankEvidence, SchemaError, Section, StepRecord, _from_dict, build)
 from diag.evidence import events as E
 from diag.evidence._schema import resolve_hints
+from diag.evidence.probe import fold_sampling
 
 SECTIONS = E.SECTIONS
 
@@ -148,6 +149,8 @@ def _fold(ev: Evidence, event: dict[str, Any]) -> None:
             r.extras["end_reason"] = data["reason"]
     elif kind in E.SECTION_EVENTS:
         _apply_section(r, kind, data)
+    elif kind == E.PROBE_SAMPLING:
+        fold_sampling(r.probe, data)
     elif kind == E.PROBE_ERROR:
         errs = r.extras.setdefault("probe_errors", [])
         if len(errs) < 50:

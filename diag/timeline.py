@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.evidence import RankEvidence, median
+from diag.evidence.phases import BACKWARD, DATA, FORWARD, OPTIMIZER, OTHER, TRAINING, steady_steps
 
 CAUSES = ("data", "h2d", "h2d_pinned", "sync", "host", "checkpoint", "eval")
 CAUSE_WORDS = {"data": "waiting for data", "h2d": "in host-to-device copies from pageable memory",
@@ -104,18 +105,22 @@ def syncs_every_step(r: RankEvidence) -> bool:
     return bool(per) and median([float(x) for x in per]) >= 1
 
 
-def timeline_steps(r: RankEvidence, skip_warmup: int = 1) -> list[dict]:
-    """The resolved device-timeline steps usable for judging (the first ``skip_warmup`` dropped
-    when enough remain); empty without a device timeline."""
+def timeline_steps(r: RankEvidence, skip_warmup: int | None = None) -> list[dict]:
+    """The resolved device-timeline steps usable for judging: those of the rank's steady steps
+    (:func:`diag.evidence.phases.steady_steps`: instrumented steps and the warm-up out; ``skip_warmup``:
+    that many first steps instead). The probe times the device on its sampled steps only, so these
+    are sampled steps; a median over them is a median over the run. Empty without a device timeline."""
     tl = r.timeline
     if tl.clock != "device" or not isinstance(tl.steps, list):
         return []
     steps = [s for s in tl.steps if isinstance(s, dict) and isinstance(s.get("device_s"), (int, float))]
-    instrumented = {s.index for s in r.steps if s.instrumented}
-    steps = [s for s in steps if s.get("index") not in instrumented]
-    if len(steps) > skip_warmup + 2:
-        steps = [s for s in steps if (s.get("index") or 0) > skip_warmup]
-    return steps
+    host = {s.index for s in r.steps}
+    if host and any(s.get("index") in host for s in steps):
+        steady = {s.index for s in r.timed_steps(skip_warmup)}
+        # a record of a step the host list no longer holds is newer than its trimmed start: steady
+        return [s for s in steps if s.get("index") in steady or s.get("index") not in host]
+    # no host steps for these records (evidence made by hand): the rule on the records themselves
+    return steady_steps(steps, skip_warmup, instrumented={s.index for s in r.steps if s.instrumented})
 
 
 def copy_cost(steps: list[dict]) -> CopyCost | None:
@@ -239,7 +244,7 @@ def device_busy(r: RankEvidence) -> tuple[float, float, int] | None:
     return busy, span, len(steps)
 
 
-def device_phases(r: RankEvidence, skip_warmup: int = 1) -> dict | None:
+def device_phases(r: RankEvidence, skip_warmup: int | None = None) -> dict | None:
     """Medians over a rank's device-timeline steps in the shape of the host phases (``data_s``: GPU
     idle waiting for data; ``forward_s``, ``backward_s``, ``optimizer_s``: device time of those
     intervals; ``other_s``: the rest; ``total_s``: the device span), or None without a timeline."""
@@ -250,12 +255,10 @@ def device_phases(r: RankEvidence, skip_warmup: int = 1) -> dict | None:
     def ph(s, k):
         return float((s.get("phases") or {}).get(k, 0.0))
 
-    out = {"data_s": median([float((s.get("idle") or {}).get("data", 0.0)) for s in steps]),
-           "forward_s": median([ph(s, "forward") for s in steps]),
-           "backward_s": median([ph(s, "backward") for s in steps]),
-           "optimizer_s": median([ph(s, "optimizer") for s in steps]),
-           "total_s": median([float(s["device_s"]) for s in steps])}
-    out["other_s"] = max(out["total_s"] - out["data_s"] - out["forward_s"] - out["backward_s"]
-                         - out["optimizer_s"], 0.0)
+    out = {DATA.field: median([float((s.get("idle") or {}).get(DATA.name, 0.0)) for s in steps])}
+    for p in (FORWARD, BACKWARD, OPTIMIZER):
+        out[p.field] = median([ph(s, p.name) for s in steps])
+    out["total_s"] = median([float(s["device_s"]) for s in steps])
+    out[OTHER.field] = max(out["total_s"] - sum(out[p.field] for p in TRAINING if p is not OTHER), 0.0)
     out["n"] = len(steps)
     return out

@@ -25,11 +25,13 @@ import re
 import sysconfig
 from dataclasses import dataclass
 
-PHASES = ("data", "forward", "backward", "optimizer", "evaluation", "sync", "collective",
-          "checkpoint", "logging", "other")
+from diag.evidence import phases as _ph
 
-# phases that make up a training step (a cycle through them is "step-like")
-TRAINING_PHASES = ("data", "forward", "backward", "optimizer")
+# phases that make up a training step (a cycle through them is "step-like"): the probe's, from the one
+# definition (diag.evidence.phases)
+TRAINING_PHASES = _ph.LOOP_NAMES
+# those, then the ones only sampling tells apart, then the probe's "other"
+PHASES = (*TRAINING_PHASES, "evaluation", "sync", "collective", "checkpoint", "logging", _ph.OTHER.name)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ Inputs it reads:
   kept step's phases, so a report saved as a CI artifact is a complete baseline on its own; an
   older report without that block is read through the evidence file it names, when that exists.
 
-Steady state (the same rule on both sides): instrumented steps (FLOP counting, the memory replay's
+Steady state (the same rule on both sides, and the one every check and view uses:
+:func:`diag.evidence.phases.steady_steps`): instrumented steps (FLOP counting, the memory replay's
 neighbour) are dropped, then the warm-up: the first 10% of the remaining steps, at least 1 and at
 most 20, as long as at least 3 steps remain.
 """
@@ -28,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from diag.errors import DiagError
+from diag.evidence import phases as _ph
 
 EXPORT_VERSION = 1
-PHASES = ("data", "forward", "backward", "optimizer", "other")
-STEP_FIELDS = ("total_s",) + tuple(f"{p}_s" for p in PHASES)
-MIN_STEADY = 3
+PHASES = _ph.TRAINING_NAMES          # ("data", "forward", "backward", "optimizer", "other")
+STEP_FIELDS = _ph.STEP_FIELDS
+MIN_STEADY = _ph.MIN_STEADY
 # per-step device-clock fields (CUDA runs with a device timeline): the device span of a step, GPU
 # busy and idle in it, the idle by cause (diag.timeline.CAUSES) and the device time spent evaluating
 DEVICE_FIELDS = ("total_s", "busy_s", "idle_s", "idle_data_s", "idle_h2d_s", "idle_sync_s", "idle_host_s",
@@ -383,8 +385,8 @@ def from_export(block: dict, source: str, findings: list[dict]) -> RunSample:
     rows.sort(key=lambda r: r["index"])
     timed = [r for r in rows if not r.get("instrumented")]
     instrumented = n - len(timed)
-    warm = warmup_count(len(timed))
-    steady = timed[warm:]
+    steady = _ph.steady_steps(rows)
+    warm = len(timed) - len(steady)
     steps: dict[str, np.ndarray] = {}
     for name in STEP_FIELDS:
         steps[name] = np.array([float(r.get(name) or 0.0) for r in steady])
@@ -439,8 +441,6 @@ def _device_from_export(device: Any, steady_index: set, steps: dict[str, np.ndar
 
 
 def warmup_count(n: int) -> int:
-    """Warm-up steps dropped from ``n`` timed steps (the same rule for every run)."""
-    if n <= MIN_STEADY:
-        return 0
-    w = min(20, max(1, math.ceil(0.1 * n)))
-    return min(w, n - MIN_STEADY)
+    """Warm-up steps dropped from ``n`` timed steps (the same rule for every run and every reader:
+    :func:`diag.evidence.phases.warmup_count`)."""
+    return _ph.warmup_count(n)

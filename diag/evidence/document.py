@@ -15,6 +15,7 @@ from diag.errors import DiagError
 from diag.evidence._schema import SchemaError, build, describe
 from diag.evidence.environment import Environment
 from diag.evidence.gpu import GpuTelemetry
+from diag.evidence.phases import OTHER, STEP_FIELDS
 from diag.evidence.plan import MemoryPlan
 from diag.evidence.rank import RankEvidence
 from diag.evidence.run import RunInfo
@@ -200,7 +201,8 @@ def load_evidence(path: str | os.PathLike) -> Evidence:
     return ev
 
 
-_DURATIONS = ("total_s", "data_s", "forward_s", "backward_s", "optimizer_s")
+# the measured durations of a step (other_s is the remainder, total less the phases: not checked here)
+_DURATIONS = tuple(f for f in STEP_FIELDS if f != OTHER.field)
 
 
 def _check_values(ev: Evidence, name: str) -> None:

@@ -23,10 +23,12 @@ PROBE_ERROR = "probe_error"     # where, error, traceback (a probe hook failed; 
 SET = "set"                     # {path: "memory.estimate", value}: set a key in a rank section
 APPEND = "append"               # {path: "memory.steps", value, limit}: append to a list in a rank section
 MERGE = "merge"                 # {path: "memory", value: {...}}: update an object in a rank section
+PROBE_SAMPLING = "probe_sampling"  # the probe's sampling of its per-step extras changed: step (the first step
+                                # it applies to), period (1 step in period), budget, step_s, core_s, extras_s, reason
 
 SECTION_EVENTS = (SET, APPEND, MERGE)
 ALL = (START, ENV, MODEL, FORWARD_SITE, FORWARD_COUNTS, STEP, DATALOADER, OPTIMIZER, EXCEPTION, END,
-       EVALUATION, EVAL_STEP, EVAL_SYNCS, FRAMEWORK, CHILD, PROBE_ERROR, SET, APPEND, MERGE)
+       EVALUATION, EVAL_STEP, EVAL_SYNCS, FRAMEWORK, CHILD, PROBE_ERROR, SET, APPEND, MERGE, PROBE_SAMPLING)
 
 # Rank sections addressable by set/append/merge paths ("memory.steps", "extras.perf", ...).
 SECTIONS = ("memory", "flops", "amp", "sync", "distributed", "extras", "probe", "timeline")

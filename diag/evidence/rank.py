@@ -13,6 +13,7 @@ from diag.evidence.extras import ExtrasSection
 from diag.evidence.flops import FlopsSection
 from diag.evidence.memory import MemorySection
 from diag.evidence.models import ForwardSite, ModelInfo, OptimizerInfo
+from diag.evidence.phases import COMM, EVAL_FIELDS, STEP_FIELDS, steady_steps
 from diag.evidence.probe import ProbeSection
 from diag.evidence.run import ExceptionInfo
 from diag.evidence.steps import StepRecord, StepStats
@@ -70,27 +71,26 @@ class RankEvidence:
         object.__setattr__(self, name, value)
 
     # ---- convenience for checks -------------------------------------------------------------
-    def timed_steps(self, skip_warmup: int = 1) -> list[StepRecord]:
-        """Kept steps that are usable for timing: instrumented ones dropped, the first
-        ``skip_warmup`` dropped when enough remain."""
-        steps = [s for s in self.steps if not s.instrumented]
-        if len(steps) > skip_warmup + 2:
-            steps = [s for s in steps if s.index > skip_warmup]
-        return steps
+    def timed_steps(self, skip_warmup: int | None = None, sampled: bool = False) -> list[StepRecord]:
+        """The steady steps of the kept ones (:func:`diag.evidence.phases.steady_steps`: instrumented
+        steps and the warm-up dropped; ``skip_warmup``: drop that many first steps instead of the
+        rule's warm-up; ``sampled``: only the steps the probe sampled, for a figure that reads the
+        probe's per-step extras)."""
+        return steady_steps(self.steps, skip_warmup, sampled)
 
-    def median_step(self, skip_warmup: int = 1) -> dict[str, float] | None:
+    def median_step(self, skip_warmup: int | None = None) -> dict[str, float] | None:
         """Median of each phase over the timed steps (None without steps)."""
         steps = self.timed_steps(skip_warmup)
         if not steps:
             return None
         out = {}
-        for name in ("total_s", "data_s", "forward_s", "backward_s", "optimizer_s", "other_s"):
+        for name in STEP_FIELDS:
             out[name] = median([getattr(s, name) for s in steps])
         # DDP: the time waiting in collectives (extra.comm_wait_s) is a phase of its own, apart from the
         # five above; every report shows it so that the phases add up to the step
         comm = [float((s.extra or {}).get("comm_wait_s") or 0.0) for s in steps]
         if any(comm):
-            out["comm_s"] = median(comm)
+            out[COMM.field] = median(comm)
         out["n"] = len(steps)
         return out
 
@@ -109,7 +109,7 @@ class RankEvidence:
 
     def data_wait_share(self) -> dict[str, float] | None:
         """The one data-wait share every check and view reads: the median over the steady training
-        steps of each step's data wait / step time (the first step out when enough remain; with
+        steps of each step's data wait / step time (the warm-up out: diag.evidence.phases; with
         DataLoader workers, the steps that waited for an epoch's first batch too: worker start-up is
         dataloader.persistent-workers' to judge). Returns {share, data_s, compute_s, total_s, n}
         (the medians of the same steps) or None without timed steps."""
@@ -178,15 +178,13 @@ class RankEvidence:
     def eval_throughput(self) -> dict | None:
         """Evaluation throughput from the evaluation steps: {steps, time_s, samples, tokens,
         batches_per_s, samples_per_s, tokens_per_s, median_step_s, phases: median of each phase,
-        data_share} (the first step out when enough remain), or None without evaluation steps."""
+        data_share} over the steady evaluation steps (diag.evidence.phases), or None without them."""
         st = self.eval_stats
         if st.count == 0 or st.total_s <= 0:
             return None
         timed_n = st.timed or st.count
-        steps = [s for s in self.eval_steps if not s.instrumented]
-        timed = steps[1:] if len(steps) > 3 else steps
-        med = {name: median([getattr(s, name) for s in timed]) for name in
-               ("total_s", "data_s", "h2d_s", "forward_s", "other_s")} if timed else None
+        timed = steady_steps(self.eval_steps)
+        med = {name: median([getattr(s, name) for s in timed]) for name in EVAL_FIELDS} if timed else None
         shares = [s.data_s / s.total_s for s in timed if s.total_s > 0]
         return {"steps": st.count, "timed": timed_n, "time_s": st.total_s, "samples": st.samples,
                 "tokens": st.tokens, "batches_per_s": timed_n / st.total_s,

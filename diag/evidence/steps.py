@@ -27,6 +27,7 @@ class StepRecord:
     extra: dict[str, Any] = field(default_factory=dict)  # per-step values from probe extensions
     probe_s: float | None = None          # diag's probe's own time since the previous step event (its hooks, extensions, event writes)
     probe_window: bool = False            # a hook discovery window covered the step (global hooks on every module call)
+    sampled: bool = True                  # the probe did its per-step extras on it (device timeline, allocator reads, extension values in extra); false: core timing only (its cost budget; absent in older evidence: true)
 
     @property
     def batch(self) -> int | None:

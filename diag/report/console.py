@@ -93,6 +93,9 @@ def run_header(evidence, verbose: bool = True) -> Text:
     own = probe_cost.headline(summary) if verbose else probe_cost.short_headline(summary)
     if own:
         t.append(f"\n{own}", style="dim")
+    sampling = probe_cost.sampling_line(evidence.primary) if evidence.ranks else None
+    if sampling:      # the probe's cost budget sampled its per-step extras (docs/performance.md)
+        t.append(f"\n{safe(sampling)}", style="dim")
     if run.simulated_gpus:
         t.append(f"\nGPU values are SIMULATED (scenario '{safe(run.simulated_gpus)}')", style="bold magenta")
     for note in evidence.notes:

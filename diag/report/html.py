@@ -30,6 +30,7 @@ from importlib import resources
 from typing import Any, Iterable, Sequence
 
 from diag import __version__, units
+from diag.evidence import phases as _ph
 from diag.findings import Severity, count_phrase, sort_findings
 from diag.report import fmt_value
 
@@ -37,8 +38,11 @@ from diag.report import fmt_value
 MAX_POINTS = 600
 HIST_BINS = 40
 # the host-clock phases of a step, in stacking order; "h2d_s" is drawn when the evidence has it
-PHASES = (("data_s", "data"), ("h2d_s", "H2D"), ("forward_s", "forward"), ("backward_s", "backward"),
-          ("optimizer_s", "optimizer"), ("comm_s", "collective wait"), ("other_s", "other"))
+# (from the one definition, diag.evidence.phases: the training phases with the evaluation step's H2D
+# after data and DDP's collective wait before other)
+PHASES = ((_ph.DATA.field, _ph.DATA.label), (_ph.H2D.field, _ph.H2D.label),
+          *((p.field, p.label) for p in _ph.TRAINING if p not in (_ph.DATA, _ph.OTHER)),
+          (_ph.COMM.field, _ph.COMM.label), (_ph.OTHER.field, _ph.OTHER.label))
 # Device-clock phases (the GPU timeline): a step carries them as ``extra["device_phases"]`` (or an
 # attribute ``device_phases``): {phase name: seconds}. When any kept step has them, a second timeline
 # is drawn; see :func:`device_phases`.
@@ -466,6 +470,11 @@ def _steps_section(evidence, findings, charts: dict[str, Any]) -> str:
     primary = evidence.primary
     straggler = _straggler(findings)
     out = ['<section id="steps"><h2>Steps</h2>']
+    from diag.evidence import probe as probe_cost
+
+    sampling = probe_cost.sampling_line(primary)
+    if sampling:      # the probe's cost budget sampled its per-step extras (docs/performance.md)
+        out.append(f'<p class="muted" id="probe-sampling">{esc(sampling)}.</p>')
     shown = [primary]
     if straggler is not None and straggler != primary.rank:
         shown += [r for r in evidence.ranks if r.rank == straggler]
@@ -476,7 +485,7 @@ def _steps_section(evidence, findings, charts: dict[str, Any]) -> str:
         key = f"steps-r{r.rank}"
         charts[key] = {"type": "steps", **s}
         who = f"rank {r.rank}" + (" — the straggler" if r.rank == straggler else "")
-        cap = "Timed steps (the warm-up step and FLOP-counted steps left out); host clock."
+        cap = "Timed steps (the warm-up steps and FLOP-counted steps left out: docs/steps.md); host clock."
         if s["bucket"] > 1:
             cap += (f" {len(r.timed_steps()):,} steps in buckets of {s['bucket']}: each bar is the bucket's "
                     "median per phase, the lines its min and max step time.")
@@ -516,12 +525,12 @@ def _eval_steps_section(rank, charts: dict[str, Any]) -> str:
     med = tp.get("phases") or {}
     out = ['<section id="steps"><h2>Evaluation steps</h2>',
            f'<p class="muted">An evaluation run: {tp.get("steps", 0):,} evaluation step(s), no training step '
-           '(each step is one forward on one batch; the first one and FLOP-counted ones left out of the '
-           'medians).</p>']
+           '(each step is one forward on one batch; the warm-up steps and FLOP-counted ones left out of '
+           'the medians).</p>']
     row = []
     total = med.get("total_s")
     if total:
-        labels = (("data_s", "data"), ("h2d_s", "copy to device"), ("forward_s", "forward"), ("other_s", "other"))
+        labels = tuple((p.field, "copy to device" if p is _ph.H2D else p.label) for p in _ph.EVALUATION)
         rows = [(label, ms(med.get(key)), f"{(med.get(key) or 0) / total:.0%}") for key, label in labels
                 if key in med]
         rows.append(("evaluation step", ms(total), "100%"))

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PHASES = (("data_s", "data wait"), ("forward_s", "forward"), ("backward_s", "backward"),
-          ("optimizer_s", "optimizer"), ("comm_s", "collective wait"), ("other_s", "other"))
-EVAL_PHASES = (("data_s", "data wait"), ("h2d_s", "host-to-device"), ("forward_s", "forward"),
-               ("other_s", "other (post-processing)"))
+from diag.evidence import phases as _ph
+
+# (field, label) rows of the breakdown tables, from the one definition (diag.evidence.phases); DDP's
+# collective wait sits before "other"
+PHASES = tuple((p.field, p.long) for p in _ph.TRAINING if p is not _ph.OTHER) + \
+    ((_ph.COMM.field, _ph.COMM.long), (_ph.OTHER.field, _ph.OTHER.long))
+EVAL_PHASES = tuple((p.field, p.long) for p in _ph.EVALUATION)
 RECENT = 20         # steps in the "now" throughput window
 HISTORY = 240       # steps in the history graph
 
