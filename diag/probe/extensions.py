@@ -3,6 +3,9 @@
 Each extension is a class instantiated with no arguments; see :mod:`diag.probe.context` for the
 interface (``Extension`` hooks, called with a ``ProbeContext``). Extensions must be cheap on the hot path and must never raise into the user's code.
 Disable one with ``DIAG_PROBE_DISABLE=name1,name2`` (the class name, lower case).
+
+``diag try``'s extension (:mod:`diag.probe.knobapply`: knobs applied from outside the script, steps
+tagged by trial arm, losses recorded) is added only when ``DIAG_TRY_KNOBS`` is set (even empty).
 """
 from __future__ import annotations
 
@@ -17,11 +20,17 @@ DEFAULT_EXTENSIONS: list[str] = [
     "diag.probe.timeline:TimelineProbe",     # CUDA only: removes itself on a CPU machine
 ]
 
+TRY_ENV = "DIAG_TRY_KNOBS"
+TRY_EXTENSION = "diag.probe.knobapply:KnobApply"
+
 
 def load_extensions(names: list[str] | None = None) -> list:
     disabled = {n.strip().lower() for n in os.environ.get("DIAG_PROBE_DISABLE", "").split(",") if n.strip()}
     out = []
-    for spec in (DEFAULT_EXTENSIONS if names is None else names):
+    specs = list(DEFAULT_EXTENSIONS if names is None else names)
+    if names is None and TRY_ENV in os.environ:
+        specs.append(TRY_EXTENSION)
+    for spec in specs:
         mod_name, _, cls_name = spec.partition(":")
         if cls_name.lower() in disabled:
             continue
