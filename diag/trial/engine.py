@@ -354,7 +354,8 @@ def allocate(left: float, startup_s: float, step_s: float, steps: int, n_switch:
         return 0.0 if not k or r == 0 else (r * k + max(r - reused_baselines, 0)) * per_run
 
     reserve = 4 * per_run if n_switch + n_restart >= 2 else 0.0
-    avail = left - reserve if left - reserve > 0 else left
+    # the winners' combined trial is kept room for only when every knob's minimum still fits beside it
+    avail = left - reserve if switch_cost(2) + restart_cost(2, n_restart) <= left - reserve else left
     rs = 2 if n_switch else 0
     rr = 2 if n_restart else 0
     k = n_restart
