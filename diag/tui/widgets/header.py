@@ -124,6 +124,10 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
         two.append(f"diag's probe ≥{probe_cost.pct(own['median_step_share'])} of the median step",
                    style="yellow" if own["median_step_share"] > probe_cost.WARN_SHARE else "dim")
         two.append("  ")
+    samp = probe_cost.sampling_summary(ev.primary) if ev.ranks else None
+    if samp:        # the probe's cost budget: its per-step extras on sampled steps only
+        two.append(f"timeline & memory on 1 step in {samp['period']}", style="dim")
+        two.append("  ")
     if state.mode == "replay":
         two.append("replay of ", style="dim")
         two.append(safe(state.source_path or "saved evidence"), style="dim")
