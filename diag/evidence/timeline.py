@@ -1,7 +1,9 @@
 """``RankEvidence.timeline``: the device timeline of a CUDA run (diag.probe.timeline), CUDA events
 resolved lazily. Absent (empty) on CPU runs and when the timeline was switched off (``DIAG_TIMELINE=0``).
 
-A step record in ``steps`` has: ``index``; ``device_s`` (device time from the previous step's last
+Only the steps the probe sampled (``StepRecord.sampled``; its cost budget) have a record; a sampled
+step after an unsampled one is measured from the unsampled step's end (one mark there). A step record
+in ``steps`` has: ``index``; ``device_s`` (device time from the previous step's last
 event to this step's last one); ``host_s`` (the same span on the host clock); ``busy_s`` / ``idle_s``
 (GPU busy and idle in that span); ``idle`` (idle seconds by the interval they fell in: ``data`` waiting
 for a batch, ``h2d`` host-to-device copies from pageable memory, ``h2d_pinned`` from pinned memory,
@@ -29,6 +31,7 @@ class TimelineSection(Section):
     dropped: int | None = None          # steps dropped from the full ring before their events completed
     truncated: int | None = None        # steps with more marks than kept (their middle marks merged)
     ring: int | None = None             # the ring's size (steps)
+    unsampled: int | None = None        # steps the probe did not sample (its cost budget): not device-timed, no record
     totals: dict[str, Any] | None = None  # sums over every resolved step: steps, device_s, busy_s, idle_s,
                                         # idle {cause: s}, phases {interval: s}
     steps: list[dict[str, Any]] | None = None  # the newest resolved steps (see the module doc), at most 500

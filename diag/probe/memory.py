@@ -5,7 +5,8 @@ What it records (shapes in docs/memory.md):
 * ``memory.persistent`` once, after step 1, on every run: parameter, buffer, gradient and optimizer
   state bytes of the live model and optimizer (any device).
 * CUDA runs only (skipped cleanly otherwise): ``memory.device`` once; ``memory.steps`` one record
-  per step for the first 50 steps, then every 10th and the last, from the allocator's counters
+  per step for the first 50 steps, then one at least 10 steps after the last, and the last step,
+  read only on the steps the probe samples (``step["sampled"]``: its cost budget), from the allocator's counters
   (``torch.cuda.memory_stats_as_nested_dict()``: allocated, reserved, running peaks, allocation
   retries, OOMs, inactive split bytes); ``memory.breakdown`` (the peak split into parameters,
   gradients, optimizer state, activations, other) at each recorded step whose peak rose.
@@ -82,6 +83,7 @@ class MemoryProbe:
         self._device_emitted = False
         self._last_peak = 0
         self._recorded_step = 0          # the last step whose allocator counters were recorded
+        self._read_step = 0              # the last step a read was tried at (sampled steps only)
         self._replaying = False
         self._eval_capture = False       # the captured batch is an evaluation forward's (no training yet)
 
@@ -138,7 +140,12 @@ class MemoryProbe:
         if not self._persistent_done:
             self._persistent_done = True
             self._emit_persistent(probe)
-        if idx <= EVERY_STEP_UNTIL or idx % RECORD_EVERY == 0:
+        # the allocator is read on sampled steps only (the probe's cost budget; an unsampled step costs
+        # this test): every one of the first EVERY_STEP_UNTIL, then one at least RECORD_EVERY steps
+        # after the last read
+        if step.get("sampled", True) is not False and \
+                (idx <= EVERY_STEP_UNTIL or idx - self._read_step >= RECORD_EVERY):
+            self._read_step = idx
             self._cuda_step(probe, idx)
         if self.mode and not self._estimated and idx >= self.at_step and probe.rank == 0:
             # one rank is enough (the plan reads rank 0); after an OOM every rank replays its own step

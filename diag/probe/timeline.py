@@ -191,6 +191,8 @@ class TimelineRecorder:
         self.ring_size = ring
         self.current: _PendingStep | None = None
         self._prev_end = None
+        self.prev_index: int | None = None  # the step whose last mark is _prev_end
+        self.unsampled = 0          # steps the probe did not sample: no marks, no record (its cost budget)
         self.dropped = 0            # steps dropped from a full ring before their events completed
         self.resolved = 0
         self.truncated = 0          # steps with more than MAX_MARKS marks
@@ -252,10 +254,25 @@ class TimelineRecorder:
         cur.watched = watched and len(cur.marks) < MAX_MARKS
         last = cur.marks[-1]
         self._prev_end = (last[1], last[2])
+        self.prev_index = cur.index
         self.ring.append(cur)
         while len(self.ring) > self.ring_size:
             self.ring.popleft()
             self.dropped += 1
+
+    def skip(self, index: int, mark_end: bool) -> None:
+        """A step the probe did not sample: nothing recorded, unless the next step is sampled
+        (``mark_end``): then one mark at this step's end, which the next step measures its gap from
+        (the code between two steps: logging, ``.item()``, a sync)."""
+        self.unsampled += 1
+        if not mark_end:
+            return
+        h = self.clock.record()
+        if h is not None:
+            self._prev_end = (h, self.now())
+            self.prev_index = index
+        else:
+            self._prev_end = None
 
     # ---- resolution (a few steps later) ------------------------------------------------------------
     def poll(self) -> list[dict]:
@@ -374,7 +391,12 @@ class TimelineRecorder:
                   **{k: {"n": ct[k]["n"], "bytes": ct[k]["bytes"], "s": round(ct[k]["s"], 6)} for k in COPY_KINDS}}
         return {"clock": "device", "resolved": self.resolved, "pending": len(self.ring),
                 "dropped": self.dropped, "truncated": self.truncated, "ring": self.ring_size,
-                "totals": totals, "copies": copies}
+                "unsampled": self.unsampled, "totals": totals, "copies": copies}
+
+
+def _sampled(ctx) -> bool:
+    """``ctx.sampled`` (True for a context without it: a stand-in, or a probe before issue 28)."""
+    return getattr(ctx, "sampled", True)
 
 
 def _r(x):
@@ -405,6 +427,8 @@ class TimelineProbe:
         self._evals_seen = 0        # evaluation passes of the step model already attributed
         self.copy_watch: dict = {"on": False}   # the perf extension's copy-watch flag (replaced at install)
         self._watch_prev = False
+        self._sampled_n = 0         # sampled steps closed (resolution runs every POLL_EVERY of them)
+        self._flushed_at = 0        # rec.resolved when the totals were last written
 
     def install(self, ctx) -> None:
         if not enabled_by_env():
@@ -482,7 +506,8 @@ class TimelineProbe:
         """None: not tracked (no CUDA model yet, another thread, a forked child); else whether the
         start was marked (an inner save, safetensors' save_model calling save_file, is not)."""
         rec = self.rec
-        if not self._on or rec is None or threading.get_ident() != self._thread or not self._ctx.is_live():
+        if not self._on or rec is None or threading.get_ident() != self._thread or not _sampled(self._ctx) \
+                or not self._ctx.is_live():
             return None
         self._ckpt_depth += 1
         if self._ckpt_depth > 1:
@@ -504,8 +529,18 @@ class TimelineProbe:
     # ---- hooks -------------------------------------------------------------------------------------
     def _opened(self, st: _PendingStep) -> None:
         """A new pending step (its first mark): did a forward start since the last step ended? (an
-        evaluation forward before its first mark: the gap is not idle)"""
-        st.gap_forward = getattr(self._ctx, "forward_start", 0.0) > self._last_end_host > 0
+        evaluation forward before its first mark: the gap is not idle) Does it follow the last step
+        recorded? (not when the steps in between were not sampled and the last of them left no end
+        mark: it is then measured from its own first mark)"""
+        ctx = self._ctx
+        st.gap_forward = getattr(ctx, "forward_start", 0.0) > self._last_end_host > 0
+        done = getattr(ctx, "steps_done", None)
+        rec = self.rec
+        if rec is not None and isinstance(done, int) and rec.prev_index is not None and done != rec.prev_index:
+            # the last mark's event is not handed back to the clock (its step may still be pending):
+            # it is freed with its step
+            st.prev_end = rec._prev_end = None
+            rec.prev_index = None
 
     def on_model(self, ctx, module, info) -> None:
         if not self._on and any(str(d).startswith("cuda") for d in (info.get("devices") or [])):
@@ -514,7 +549,7 @@ class TimelineProbe:
 
     def on_data(self, ctx, edge: str) -> None:
         rec = self.rec
-        if not self._on or rec is None or not ctx.is_live():
+        if not self._on or rec is None or not _sampled(ctx) or not ctx.is_live():
             return
         rec.mark("data_start" if edge == "start" else "data_end")
 
@@ -528,6 +563,8 @@ class TimelineProbe:
                 self._copy_open = False
                 rec.mark("h2d_end")
             return
+        if not _sampled(self._ctx):
+            return      # a step the probe does not sample: no marks
         same = getattr(rec.clock, "same_stream", None)
         if same is not None and not same():
             return      # a copy on a side stream (a prefetcher's): its events would not be in stream order
@@ -542,14 +579,14 @@ class TimelineProbe:
         rec.copy(pinned, nbytes)
 
     def on_optimizer_step(self, ctx, opt) -> None:
-        if self._on and self.rec is not None:
+        if self._on and self.rec is not None and _sampled(ctx):
             try:
                 self.rec.mark("optimizer_start")
             except Exception as e:   # reported; the timeline goes on (a raise would disable it)
                 ctx.report_error("TimelineProbe.optimizer", e)
 
     def on_step_start(self, ctx, index: int) -> None:
-        if self._on and self.rec is not None:
+        if self._on and self.rec is not None and _sampled(ctx):
             until = None
             n = getattr(ctx, "_eval_passes", None)
             if n is not None and n != self._evals_seen:
@@ -559,7 +596,7 @@ class TimelineProbe:
             self.rec.begin_step(index, until)
 
     def on_forward(self, ctx, module, args, kwargs, output, training) -> None:
-        if self._on and self.rec is not None:
+        if self._on and self.rec is not None and _sampled(ctx):
             self.rec.mark("forward_end")
 
     def on_step_end(self, ctx, step) -> None:
@@ -567,6 +604,16 @@ class TimelineProbe:
         if not self._on or rec is None:
             return
         w = self.copy_watch["on"]
+        if step.get("sampled", True) is False:
+            # not sampled (the probe's cost budget): nothing recorded. ctx.sampled is the next step's
+            # here (the probe decides it before this hook): when it is sampled, one mark at this
+            # step's end gives it the gap between the two steps
+            self._watch_prev = w
+            nxt = _sampled(ctx)
+            rec.skip(step.get("index", 0) or 0, nxt)
+            if nxt:
+                self._last_end_host = rec.now()
+            return
         rec.end_step(step.get("index", 0), {"total_s": _r(step.get("total_s")), "data_s": _r(step.get("data_s"))},
                      watched=w and self._watch_prev)
         self._watch_prev = w
@@ -575,7 +622,8 @@ class TimelineProbe:
         # POLL_EVERY steps, it runs with warm caches after the first record of the batch instead of
         # cold after every step's work (issue 20); the ring holds 64 steps, far more than a batch
         index = step.get("index", 0) or 0
-        if index <= 2 or index % POLL_EVERY == 0 or len(rec.ring) >= rec.ring_size - 1 \
+        self._sampled_n += 1
+        if index <= 2 or self._sampled_n % POLL_EVERY == 0 or len(rec.ring) >= rec.ring_size - 1 \
                 or self._last_end_host - self._last_poll_host >= POLL_MAX_S:
             self._last_poll_host = self._last_end_host
             self._write(ctx, rec.poll())
@@ -596,8 +644,11 @@ class TimelineProbe:
         for r in records:
             ctx.emit(E.APPEND, path="timeline.steps", value=r, limit=KEEP_STEPS)
         rec = self.rec
-        if records and (force or any(r["index"] % FLUSH_EVERY == 0 or r["index"] <= 2 for r in records)) \
-                or force:
+        # the totals: with the first steps, then every FLUSH_EVERY resolved steps (sampled steps are
+        # not every step: counted, not by index), and at exit
+        if force or records and (rec.resolved - self._flushed_at >= FLUSH_EVERY
+                                 or any(r["index"] <= 2 for r in records)):
+            self._flushed_at = rec.resolved
             ctx.emit(E.MERGE, path="timeline", value=rec.state())
 
 

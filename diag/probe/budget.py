@@ -1,0 +1,181 @@
+"""The probe's cost budget (issue 28): how often the probe does its per-step extras.
+
+The probe's core step accounting (which step, its phases, its wall time) runs on every step. Its
+per-step *extras* — the CUDA-event device timeline (:mod:`diag.probe.timeline`), the allocator reads
+(:mod:`diag.probe.memory`), other extension work — run on *sampled* steps only (``ctx.sampled``), and
+:class:`Budget` chooses how many: enough that the probe's core plus its extras stay within a share of
+the median step (1% by default), where they can.
+
+The rule, fed after every step with the step's wall time and the probe's own time on it, split into
+core and extras:
+
+* the first :data:`FIRST` steps are always sampled (a short run loses nothing; the warm-up is seen);
+* then every :data:`REVIEW` steps the budget looks at the last :data:`WINDOW` steps: ``room`` = the
+  budget (share x median step) less the core's median; extras cost ``x`` per sampled step (their sum
+  over the window / the sampled steps in it, so extras counted a step late still count). The period
+  ``p`` (1 step in ``p`` sampled) is the smallest power of two with ``x / p <= room``; with no room at
+  all (the core alone is over the budget) it is the floor :data:`FLOOR` (1 in 64); the period goes
+  down again only when the smaller one fits with a 25% margin (no flapping at a boundary);
+* the pattern is deterministic and evenly spread: after the first steps, step ``i`` is sampled when
+  ``(i - FIRST) % p == 0``. Not random: two runs of the same script sample the same steps, and
+  halving or doubling ``p`` keeps the steps already in the pattern.
+
+Each change of period is kept in :attr:`Budget.changes` (the probe emits them as ``probe_sampling``
+events, :data:`diag.evidence.events.PROBE_SAMPLING`; the reports say the rate).
+
+``DIAG_PROBE_BUDGET``: the share (``0.01`` or ``1%``; at most 0.5), or ``0`` / ``off`` to sample every
+step. Pure Python, no torch, nothing of the probe: cheap enough to run per step (one call, a few
+appends and a modulo; a review every 16 steps sorts 64 numbers).
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from typing import Any, Mapping
+
+ENV = "DIAG_PROBE_BUDGET"
+DEFAULT_SHARE = 0.01    # the probe's cost, core and extras, within 1% of the median step where it can
+MAX_SHARE = 0.5
+FIRST = 10              # steps always sampled at the start
+FLOOR = 64              # never fewer than 1 step in 64 sampled
+REVIEW = 16             # the period is reviewed every this many steps (after the first ones)
+WINDOW = 64             # over the last this many steps
+DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin
+_OFF = ("0", "off", "none", "no", "false")
+
+
+def parse_share(text: str | None) -> float | None:
+    """The budget in ``DIAG_PROBE_BUDGET``'s words: ``None`` (unset: the default), ``0``/``off`` (0.0:
+    sample every step), ``0.01`` or ``1%``. Raises ValueError with one sentence for anything else."""
+    if text is None or not text.strip():
+        return None
+    t = text.strip().lower()
+    if t in _OFF:
+        return 0.0
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 <= v <= MAX_SHARE):
+        raise ValueError(f"{ENV}={text!r} is not a share of the step between 0 and {MAX_SHARE} (e.g. 0.01 or 1%), "
+                         "or 0/off to do the probe's per-step extras on every step")
+    return v
+
+
+def _median(values) -> float:
+    v = sorted(values)
+    n = len(v)
+    if n == 0:
+        return 0.0
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+
+
+class Budget:
+    """Which steps are sampled. ``after_step()`` after every step; ``sampled`` is the decision for
+    the next one (True for step 1)."""
+
+    def __init__(self, share: float | None = DEFAULT_SHARE, first: int = FIRST, floor: int = FLOOR,
+                 review: int = REVIEW, window: int = WINDOW):
+        self.share = share if share else 0.0      # 0: off, every step sampled
+        self.first = max(int(first), 1)
+        self.floor = max(int(floor), 1)
+        self.review = max(int(review), 1)
+        self.period = 1
+        self.steps = 0                  # steps fed
+        self.sampled_steps = 0          # of which sampled
+        self.sampled = True             # is the next step (self.steps + 1) sampled?
+        self.error: str | None = None   # a bad DIAG_PROBE_BUDGET, in one sentence (the default was used)
+        self.changes: list[dict[str, Any]] = []   # every change of period, oldest first
+        self._taken = 0                 # changes handed out by pop_changes()
+        self._total: deque = deque(maxlen=window)
+        self._core: deque = deque(maxlen=window)
+        self._extras: deque = deque(maxlen=window)    # (extras_s, sampled) per step
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> "Budget":
+        env = os.environ if environ is None else environ
+        error = None
+        try:
+            share = parse_share(env.get(ENV))
+        except ValueError as e:
+            share, error = None, str(e)
+        b = cls(DEFAULT_SHARE if share is None else share, **kw)
+        b.error = error
+        return b
+
+    @property
+    def on(self) -> bool:
+        return self.share > 0
+
+    @property
+    def rate(self) -> float:
+        return 1.0 / self.period
+
+    def is_sampled(self, index: int) -> bool:
+        """Is step ``index`` (1-based) sampled under the current period?"""
+        return index <= self.first or (index - self.first) % self.period == 0
+
+    def after_step(self, total_s: float, core_s: float, extras_s: float) -> bool:
+        """Feed one step: its wall time, the probe's core time on it and its extras' time (extras
+        counted a step late are fine: they are summed over the window). Returns whether the next step
+        is sampled (also ``self.sampled``)."""
+        was = self.sampled
+        self.steps = i = self.steps + 1
+        if was:
+            self.sampled_steps += 1
+        if self.share > 0:
+            if total_s > 0 and math.isfinite(total_s):
+                self._total.append(total_s)
+            self._core.append(core_s if core_s > 0 and math.isfinite(core_s) else 0.0)
+            self._extras.append((extras_s if extras_s > 0 and math.isfinite(extras_s) else 0.0, was))
+            if i >= self.first and (i - self.first) % self.review == 0:
+                self._review(i)
+        self.sampled = nxt = self.is_sampled(i + 1)
+        return nxt
+
+    def _review(self, i: int) -> None:
+        if not self._total:
+            return
+        step = _median(self._total)
+        core = _median(self._core)
+        n_sampled = sum(1 for _x, s in self._extras if s)
+        extras = sum(x for x, _s in self._extras) / max(n_sampled, 1)
+        room = self.share * step - core
+        if extras <= 0 or room >= extras:
+            period, why = 1, (f"core {_us(core)} + extras {_us(extras)} fit in {_us(self.share * step)} "
+                              f"({self.share * 100:g}% of the {_us(step)} step)")
+        elif room <= 0:
+            period, why = self.floor, (f"the probe's core alone ({_us(core)}) is over {_us(self.share * step)} "
+                                       f"({self.share * 100:g}% of the {_us(step)} step): extras at the floor")
+        else:
+            period = min(self.floor, 1 << max(math.ceil(math.log2(extras / room)), 0))
+            if period < self.period:
+                # more sampling only with a margin: a step time at the boundary does not flap
+                period = min(max(period, 1 << max(math.ceil(math.log2(extras * DOWN_MARGIN / room)), 0)),
+                             self.period)
+            why = (f"extras {_us(extras)} a sampled step, {_us(room)} of room after the core ({_us(core)}) "
+                   f"in {self.share * 100:g}% of the {_us(step)} step")
+        if period != self.period:
+            self.period = period
+            self.changes.append({"step": i + 1, "period": period, "budget": self.share, "first": self.first,
+                                 "step_s": round(step, 9), "core_s": round(core, 9), "extras_s": round(extras, 9),
+                                 "reason": why})
+
+    def pop_changes(self) -> list[dict[str, Any]]:
+        """The changes not yet taken (for the probe to emit), oldest first."""
+        out = self.changes[self._taken:]
+        self._taken = len(self.changes)
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Where it stands: budget, period, rate, first, floor, steps, sampled."""
+        return {"budget": self.share, "period": self.period, "rate": self.rate, "first": self.first,
+                "floor": self.floor, "steps": self.steps, "sampled": self.sampled_steps}
+
+
+__all__ = ["Budget", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "REVIEW", "WINDOW", "parse_share"]

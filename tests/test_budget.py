@@ -1,0 +1,144 @@
+"""The probe's cost budget (diag/probe/budget.py, issue 28), on synthetic step sequences, no torch:
+it samples the first steps, then a deterministic, evenly spread pattern whose period keeps the probe's
+core + extras within the budget where it can, never below the floor, and records each change."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from diag.probe import budget as B
+
+
+def _feed(b: B.Budget, n: int, step_s: float, core_s: float, extras_s: float) -> list[int]:
+    """Feed n steps (extras cost only on sampled steps); return the sampled steps' indices."""
+    out = []
+    for _ in range(n):
+        i = b.steps + 1
+        s = b.sampled
+        if s:
+            out.append(i)
+        b.after_step(step_s, core_s, extras_s if s else 0.0)
+    return out
+
+
+def test_parse_share():
+    assert B.parse_share(None) is None and B.parse_share(" ") is None
+    assert B.parse_share("0.01") == 0.01 and B.parse_share("2%") == pytest.approx(0.02)
+    for off in ("0", "off", "OFF", "none"):
+        assert B.parse_share(off) == 0.0
+    for bad in ("abc", "-1", "5", "nan", "70%"):
+        with pytest.raises(ValueError, match="DIAG_PROBE_BUDGET"):
+            B.parse_share(bad)
+
+
+def test_from_env_reads_the_share_and_says_what_was_wrong():
+    assert B.Budget.from_env({}).share == B.DEFAULT_SHARE
+    assert B.Budget.from_env({"DIAG_PROBE_BUDGET": "0.05"}).share == 0.05
+    off = B.Budget.from_env({"DIAG_PROBE_BUDGET": "off"})
+    assert not off.on and _feed(off, 500, 0.002, 1e-3, 1e-3) == list(range(1, 501))
+    bad = B.Budget.from_env({"DIAG_PROBE_BUDGET": "lots"})
+    assert bad.share == B.DEFAULT_SHARE and bad.error and "DIAG_PROBE_BUDGET='lots'" in bad.error
+
+
+def test_a_long_step_samples_every_step():
+    # 100 ms step, 1 ms budget: 150 µs of core and 300 µs of extras fit
+    b = B.Budget()
+    assert _feed(b, 300, 0.100, 150e-6, 300e-6) == list(range(1, 301))
+    assert b.period == 1 and b.changes == []
+
+
+def test_a_short_step_samples_an_evenly_spread_pattern_within_the_budget():
+    # 20 ms step: 200 µs budget; core 100 µs leaves 100 µs for 280 µs of extras: 1 step in 4
+    b = B.Budget()
+    sampled = _feed(b, 400, 0.020, 100e-6, 280e-6)
+    assert sampled[:10] == list(range(1, 11))           # the first steps, always
+    assert b.period == 4 and b.rate == 0.25
+    late = [i for i in sampled if i > 100]
+    assert late and all((i - B.FIRST) % 4 == 0 for i in late)
+    assert {b - a for a, b in zip(late, late[1:])} == {4}        # evenly spread
+    # the probe's average cost after the change is within the budget
+    n = len([i for i in range(101, 401)])
+    cost = 100e-6 + 280e-6 * len(late) / n
+    assert cost <= 0.01 * 0.020 * 1.0001
+    ch = b.changes[0]
+    assert ch["period"] == 4 and ch["step"] == B.FIRST + B.REVIEW * 0 + 1 and ch["budget"] == 0.01
+    assert "extras" in ch["reason"] and ch["extras_s"] == pytest.approx(280e-6)
+
+
+def test_the_core_alone_over_the_budget_puts_the_extras_at_the_floor():
+    b = B.Budget()
+    sampled = _feed(b, 2000, 0.002, 150e-6, 300e-6)     # 2 ms step: 20 µs budget < 150 µs core
+    assert b.period == B.FLOOR
+    late = [i for i in sampled if i > 100]
+    assert {b - a for a, b in zip(late, late[1:])} == {B.FLOOR}
+    assert "alone" in b.changes[-1]["reason"]
+
+
+def test_the_pattern_is_deterministic_and_reproducible():
+    runs = [_feed(B.Budget(), 1000, 0.005, 30e-6, 200e-6) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_the_period_follows_a_change_of_step_time_without_flapping():
+    b = B.Budget()
+    _feed(b, 200, 0.004, 10e-6, 200e-6)                 # 40 µs budget, 30 µs room: 200/30 -> 8
+    assert b.period == 8
+    _feed(b, 300, 0.100, 10e-6, 200e-6)                 # the step grows: everything fits again
+    assert b.period == 1
+    periods = [c["period"] for c in b.changes]
+    assert periods == [8, 1]
+    # at a boundary (room just above extras / 4), the period stays where it is
+    c = B.Budget()
+    _feed(c, 200, 0.004, 10e-6, 4 * 30e-6 * 1.1)        # needs 4.4 -> 8
+    assert c.period == 8
+    _feed(c, 400, 0.004, 10e-6, 4 * 30e-6 * 0.95)        # needs 3.8 -> 4 fits, but not with a 25% margin
+    assert c.period == 8 and len(c.changes) == 1
+
+
+def test_extras_counted_a_step_late_still_count():
+    # the probe may learn a sampled step's extras time only at the next step: summed over the window
+    b = B.Budget()
+    pending = 0.0
+    for _ in range(400):
+        s = b.sampled
+        b.after_step(0.020, 100e-6, pending)
+        pending = 280e-6 if s else 0.0
+    assert b.period == 4
+
+
+def test_changes_are_handed_out_once_and_state_says_where_it_stands():
+    b = B.Budget()
+    _feed(b, 200, 0.002, 150e-6, 300e-6)
+    first = b.pop_changes()
+    assert first and b.pop_changes() == []
+    st = b.state()
+    assert st["period"] == B.FLOOR and st["steps"] == 200 and st["budget"] == 0.01
+    assert 10 < st["sampled"] < 200
+
+
+def test_bad_step_times_are_ignored():
+    b = B.Budget()
+    for _ in range(100):
+        b.after_step(float("nan"), float("inf"), -1.0)
+    assert b.period == 1
+
+
+def test_after_step_is_cheap():
+    b = B.Budget()
+    n = 20000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        b.after_step(0.002, 150e-6, 300e-6 if b.sampled else 0.0)
+    per = (time.perf_counter() - t0) / n
+    # a few appends and a modulo: far under the probe's own per-step cost (150-550 µs on a GPU step)
+    assert per < 20e-6, f"{per * 1e6:.1f} µs a step"
+
+
+def test_budget_imports_nothing_of_torch_or_the_probe():
+    code = ("import sys, diag.probe.budget; "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'diag.probe.core', 'diag.evidence.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
