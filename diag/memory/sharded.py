@@ -179,7 +179,9 @@ def base_from_estimate(est: dict, persistent: dict | None = None, model: dict | 
         else:
             slope, icpt, how = t1 / max(1, b1), 0.0, f"proportional to the batch (one replay, at {b1})"
         phases[ph] = {"slope": slope, "intercept": icpt, "grads_in_state": max(g0, g1) / max(1, r_grads)
-                      if r_grads else 0.0, "fit": how}
+                      if r_grads else 0.0, "fit": how,
+                      # the replayed batches themselves: used as they are, the fit only between them
+                      "points": {str(b): [t, (g / r_grads) if r_grads else 0.0] for b, t, g in vals}}
     return {"params": params, "grads": grads, "optimizer_state": opt, "psi": psi,
             "param_elem_bytes": params / psi if psi else 4.0, "phases": phases,
             "set_to_none": set_to_none, "batches": [p["batch"] for p in pts]}
@@ -236,10 +238,10 @@ def rank_figures(base: dict, strategy: str, world: int, batch: int, *, gpus_per_
         comm["backward"]["reduce_scatter"] = int(unit * cdt)
     phases: dict[str, dict] = {}
     for ph, fit in (base.get("phases") or {}).items():
-        trans = fit["intercept"] + fit["slope"] * batch
+        trans, g_frac = _transient(fit, batch)
         if ph == "optimizer":
             trans = trans / div["optimizer_state"]      # foreach temporaries of the (sharded) parameters
-        g_state = state["gradients"] * float(fit.get("grads_in_state", 1.0))
+        g_state = state["gradients"] * g_frac
         total = state["parameters"] + state["optimizer_state"] + g_state + trans + sum(comm[ph].values())
         phases[ph] = {"state": int(state["parameters"] + state["optimizer_state"] + g_state),
                       "transient": int(trans), "comm": int(sum(comm[ph].values())), "total": int(total)}
@@ -256,6 +258,21 @@ def rank_figures(base: dict, strategy: str, world: int, batch: int, *, gpus_per_
             "comm": {k: v for k, v in comm.items() if v}, "comm_peak": max(sum(v.values()) for v in comm.values()),
             "phases": phases, "peak_phase": peak_phase, "peak": int(peak), "allowances": al,
             "allocated": int(allocated), "device": int(device)}
+
+
+def _transient(fit: dict, batch: int) -> tuple[float, float]:
+    """(transient bytes, share of the gradients counted as state) of one phase at ``batch``: the
+    replay's own figure at a replayed batch, else the straight line through the two replayed batches
+    nearest to it (the affine fit over all of them when the points are not kept)."""
+    pts = {int(b): v for b, v in (fit.get("points") or {}).items()}
+    if batch in pts:
+        return float(pts[batch][0]), float(pts[batch][1])
+    g = float(fit.get("grads_in_state", 1.0))
+    if len(pts) >= 2 and fit.get("slope", 0.0) > 0:
+        (b0, v0), (b1, v1) = sorted(sorted(pts.items(), key=lambda kv: abs(kv[0] - batch))[:2])
+        slope = max(0.0, (v1[0] - v0[0]) / (b1 - b0))
+        return max(0.0, v0[0] + slope * (batch - b0)), max(float(v0[1]), float(v1[1]))
+    return fit["intercept"] + fit["slope"] * batch, g
 
 
 def make_sharded_plan(base: dict, strategy: str, world: int | None, batch: int, *, capacity: int | None = None,
