@@ -88,7 +88,8 @@ class RankEvidence:
             out[name] = median([getattr(s, name) for s in steps])
         # DDP: the time waiting in collectives (extra.comm_wait_s) is a phase of its own, apart from the
         # five above; every report shows it so that the phases add up to the step
-        comm = [float((s.extra or {}).get("comm_wait_s") or 0.0) for s in steps]
+        # (read on the sampled steps: a per-step value an extension may write on those only)
+        comm = [float((s.extra or {}).get("comm_wait_s") or 0.0) for s in steps if s.sampled]
         if any(comm):
             out[COMM.field] = median(comm)
         out["n"] = len(steps)

@@ -43,6 +43,7 @@ REVIEW = 16             # the period is reviewed every this many steps (after th
 WINDOW = 64             # over the last this many steps
 DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin
 _OFF = ("0", "off", "none", "no", "false")
+_INF = math.inf
 
 
 def parse_share(text: str | None) -> float | None:
@@ -129,14 +130,16 @@ class Budget:
         if was:
             self.sampled_steps += 1
         if self.share > 0:
-            if total_s > 0 and math.isfinite(total_s):
+            if 0.0 < total_s < _INF:        # (NaN compares false)
                 self._total.append(total_s)
-            self._core.append(core_s if core_s > 0 and math.isfinite(core_s) else 0.0)
-            self._extras.append((extras_s if extras_s > 0 and math.isfinite(extras_s) else 0.0, was))
+            self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
+            self._extras.append((extras_s if 0.0 < extras_s < _INF else 0.0, was))
             if i >= self.first and (i - self.first) % self.review == 0:
                 self._review(i)
-        self.sampled = nxt = self.is_sampled(i + 1)
-        return nxt
+            i += 1
+            self.sampled = nxt = i <= self.first or (i - self.first) % self.period == 0
+            return nxt
+        return True
 
     def _review(self, i: int) -> None:
         if not self._total:
