@@ -33,6 +33,7 @@ MANY_GATHERS = 16         # all-gathers + reduce-scatters per step from which th
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_to_all", "other")
 KIND_NAMES = {"all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "all_reduce": "all-reduce",
               "broadcast": "broadcast", "barrier": "barrier", "all_to_all": "all-to-all", "other": "other"}
+API_NAMES = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "deepspeed": "DeepSpeed ZeRO"}
 OFFLOAD_FIT = 0.85        # CPU offload judged unneeded when the state it moves fits in 85% of the device
 
 
@@ -102,7 +103,13 @@ def _causes(cfg: dict | None, kinds: dict, on_gpu: bool, backend: str | None) ->
         text = (f"too small units: {ag.get('calls', 0):.0f} all-gathers and {rs.get('calls', 0):.0f} reduce-scatters per step, "
                 f"{mean / 1024:.1f} KiB each on average" + (f", {units} sharded units" if units else "")
                 + ": each collective pays a fixed latency that its few bytes do not amortise")
-        if api == "fsdp1":
+        if api == "deepspeed":
+            fix = ("Make ZeRO's collectives larger: raise reduce_bucket_size and stage3_prefetch_bucket_size, and "
+                   "stage3_param_persistence_threshold so that small parameters stay whole on every rank "
+                   "instead of being gathered one by one (DeepSpeed config, zero_optimization).")
+            snippet = ('"zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": 5e8,\n'
+                       '                      "stage3_prefetch_bucket_size": 5e8, "stage3_param_persistence_threshold": 1e6}')
+        elif api == "fsdp1":
             fix = ("Wrap larger units: give FullyShardedDataParallel an auto_wrap_policy that wraps whole blocks "
                    "(ModuleWrapPolicy({Block}) or size_based_auto_wrap_policy with a larger min_num_params), not every "
                    "layer. Accelerate: fsdp_config's fsdp_transformer_layer_cls_to_wrap / fsdp_min_num_params.")
@@ -120,10 +127,17 @@ def _causes(cfg: dict | None, kinds: dict, on_gpu: bool, backend: str | None) ->
                     "text": f"the collectives run on CPU tensors ({backend or 'gloo'}): each one blocks the training "
                             "thread, so none of it can hide behind compute",
                     "fix": "On a CPU job, fewer and larger collectives are the lever (larger units, a larger batch per "
-                           "rank to amortise them); FSDP's prefetch settings overlap communication only on GPUs.",
+                           "rank to amortise them); FSDP's prefetch and DeepSpeed's overlap_comm overlap communication "
+                           "only on GPUs.",
                     "snippet": None})
         return out
-    if api == "fsdp1":
+    if api == "deepspeed":
+        if (cfg or {}).get("overlap_comm") is False:
+            out.append({"cause": "no_prefetch", "text": "DeepSpeed's overlap_comm is off: ZeRO's reductions and gathers "
+                        "run in line with the backward instead of beside it",
+                        "fix": "Turn on overlap_comm in the DeepSpeed config (zero_optimization).",
+                        "snippet": '"zero_optimization": {"stage": %s, "overlap_comm": true}' % (cfg.get("zero_stage") or 3)})
+    elif api == "fsdp1":
         if not (cfg or {}).get("backward_prefetch") or (cfg or {}).get("backward_prefetch") == "None":
             out.append({"cause": "no_prefetch", "text": "FSDP's backward prefetch is off (backward_prefetch=None): "
                         "each unit's all-gather in the backward starts only when its gradient is needed",
@@ -159,7 +173,7 @@ def _causes(cfg: dict | None, kinds: dict, on_gpu: bool, backend: str | None) ->
        needs=["ranks.steps", "ranks.distributed.comm", "ranks.distributed.fsdp"],
        tags=["distributed", "performance", "fsdp"], docs=FSDP2_DOCS)
 def exposed_comm(ctx):
-    """In a sharded run (FSDP2 ``fully_shard``, FSDP1) each unit's parameters are all-gathered before
+    """In a sharded run (FSDP2 ``fully_shard``, FSDP1, DeepSpeed ZeRO) each unit's parameters are all-gathered before
     its forward and backward and its gradients reduce-scattered after; the time the step's thread
     (or, on a GPU, the compute stream: CUDA events) waits for them is *exposed* communication.
     Per rank the median exposed wait per step; the smallest over the ranks is the communication
@@ -168,12 +182,12 @@ def exposed_comm(ctx):
     communication itself is >= 10% of the step (torch-tb-profiler's communication threshold); on a
     contended host (``host.contention``) a share under 50% is an info. Names the likely cause: too
     small units (many all-gathers under 1 MiB), collectives that cannot overlap (CPU tensors), no
-    prefetch or the last unit resharding (GPU), large messages at a low rate; the fix is in FSDP2's,
-    FSDP1's or Accelerate's words."""
+    prefetch or the last unit resharding or ``overlap_comm`` off (GPU), large messages at a low rate;
+    the fix is in FSDP2's, FSDP1's, Accelerate's or the DeepSpeed config's words."""
     ev = ctx.evidence
     cfg = fsdp_config(ev)
     if cfg is None:
-        yield ctx.skip("No sharded model (FSDP2 fully_shard or FSDP1) was seen in this run.")
+        yield ctx.skip("No sharded model (FSDP2 fully_shard, FSDP1 or a DeepSpeed engine) was seen in this run.")
         return
     if not _multi(ev):
         yield ctx.skip("Single-process run: FSDP shards over one rank and communicates nothing.")
@@ -221,7 +235,7 @@ def exposed_comm(ctx):
         if skewed:
             yield ctx.finding(
                 severity=Severity.INFO, title="A rank waits in collectives for a later one",
-                message=(f"Rank {worst_rank} waits {ms(waits[worst_rank])} per step in FSDP's collectives "
+                message=(f"Rank {worst_rank} waits {ms(waits[worst_rank])} per step in {API_NAMES.get(cfg.get('api'), 'the')}'s collectives "
                          f"({pct(waits[worst_rank] / step)} of the {ms(step)} step), {ms(skew)} of it for rank {late}, "
                          f"which arrives last; the communication itself takes {ms(floor)} ({pct(share)}).")
                         + (f" Per step on rank {late}: {detail}." if detail else ""),
@@ -284,7 +298,7 @@ def _gpu(ev):
        needs=["ranks.distributed.fsdp", "environment.devices"], tags=["distributed", "fsdp", "amp"], docs=FSDP2_DOCS)
 def mixed_precision(ctx):
     """A sharded model whose parameters are fp32 and whose FSDP has no mixed-precision policy
-    (FSDP2 ``MixedPrecisionPolicy``, FSDP1 ``MixedPrecision``) on a GPU with bf16 (compute
+    (FSDP2 ``MixedPrecisionPolicy``, FSDP1 ``MixedPrecision``, DeepSpeed ``bf16``) on a GPU with bf16 (compute
     capability >= 8.0): every all-gather and reduce-scatter moves fp32, twice the bytes of bf16,
     and the unsharded parameters take twice the memory. Warning when the exposed communication is
     >= 10% of the step (halving its bytes is then worth it), info below. Skipped on CPU runs (bf16
@@ -292,7 +306,7 @@ def mixed_precision(ctx):
     ev = ctx.evidence
     cfg = fsdp_config(ev)
     if cfg is None:
-        yield ctx.skip("No sharded model (FSDP2 fully_shard or FSDP1) was seen in this run.")
+        yield ctx.skip("No sharded model (FSDP2 fully_shard, FSDP1 or a DeepSpeed engine) was seen in this run.")
         return
     if not _training_on_cuda(ev, cfg):
         yield ctx.skip("The sharded model trains on the CPU: the mixed-precision policy is judged on GPUs only.")
@@ -320,7 +334,10 @@ def mixed_precision(ctx):
     sev = Severity.WARNING if share is not None and share >= EXPOSED_WARN else Severity.INFO
     numbers = {"api": cfg.get("api"), "param_bytes": cfg.get("param_bytes"), "device": dev.name,
                "capability": cap_str(cap), "exposed_comm_share": round(share, 4) if share is not None else None}
-    if cfg.get("api") == "fsdp1":
+    if cfg.get("api") == "deepspeed":
+        fix = "Turn on bf16 in the DeepSpeed config: ZeRO then keeps bf16 parameters and gradients (fp32 master weights)."
+        snippet = '"bf16": {"enabled": true}'
+    elif cfg.get("api") == "fsdp1":
         fix = "Give FSDP a MixedPrecision policy (bf16 parameters, reductions and buffers)."
         snippet = ("from torch.distributed.fsdp import MixedPrecision\n"
                    "FSDP(model, mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,"
@@ -330,11 +347,12 @@ def mixed_precision(ctx):
         snippet = ("from torch.distributed.fsdp import MixedPrecisionPolicy\n"
                    "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
                    "for block in model.blocks:\n    fully_shard(block, mp_policy=mp)\nfully_shard(model, mp_policy=mp)")
-    fix += " Accelerate: mixed_precision: bf16 in the config (fsdp_config applies it to FSDP)."
+    if cfg.get("api") != "deepspeed":
+        fix += " Accelerate: mixed_precision: bf16 in the config (fsdp_config applies it to FSDP)."
     share_txt = f"; exposed communication is {pct(share)} of the step" if share is not None else ""
     yield ctx.finding(
         severity=sev,
-        message=(f"The {cfg.get('api').upper()} model's {gib(cfg.get('param_bytes') or 0)} of fp32 parameters are "
+        message=(f"The {API_NAMES.get(cfg.get('api'), cfg.get('api'))} model's {gib(cfg.get('param_bytes') or 0)} of fp32 parameters are "
                  f"all-gathered and their gradients reduce-scattered in fp32 on {dev.name} (compute capability "
                  f"{cap_str(cap)}, bf16-capable){share_txt}."),
         evidence=numbers,
@@ -354,7 +372,8 @@ _OPT_STATES = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adag
        tags=["distributed", "fsdp", "memory"], docs=FSDP2_DOCS)
 def cpu_offload(ctx):
     """FSDP offloads parameters (and gradients, optimizer state) to the CPU (FSDP2
-    ``CPUOffloadPolicy``, FSDP1 ``CPUOffload(offload_params=True)``): every step then copies
+    ``CPUOffloadPolicy``, FSDP1 ``CPUOffload(offload_params=True)``, DeepSpeed ``offload_param`` /
+    ``offload_optimizer``): every step then copies
     parameters to the GPU and gradients back, and the optimizer steps on the CPU. Warning when the
     state it moves would fit on the device: this rank's sharded parameters, gradients and optimizer
     state (parameter bytes x (2 + optimizer-state tensors) / shard world size) plus the peak the
@@ -362,7 +381,7 @@ def cpu_offload(ctx):
     ev = ctx.evidence
     cfg = fsdp_config(ev)
     if cfg is None:
-        yield ctx.skip("No sharded model (FSDP2 fully_shard or FSDP1) was seen in this run.")
+        yield ctx.skip("No sharded model (FSDP2 fully_shard, FSDP1 or a DeepSpeed engine) was seen in this run.")
         return
     if not cfg.get("offload"):
         yield ctx.passed("FSDP keeps parameters on the device (no CPU offload).", title="No CPU offload", api=cfg.get("api"))
@@ -394,7 +413,9 @@ def cpu_offload(ctx):
         yield ctx.passed(f"Without offload this rank would need about {gib(need)} of {gib(total)}: offload is "
                          "what makes it fit.", title="CPU offload is needed", **numbers)
         return
-    if cfg.get("api") == "fsdp1":
+    if cfg.get("api") == "deepspeed":
+        snippet = '"zero_optimization": {"offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}}'
+    elif cfg.get("api") == "fsdp1":
         snippet = "FSDP(model, cpu_offload=CPUOffload(offload_params=False))   # or leave cpu_offload unset"
     else:
         snippet = "fully_shard(module)   # no offload_policy=CPUOffloadPolicy()"
@@ -407,4 +428,5 @@ def cpu_offload(ctx):
         why="Offload copies every unit's parameters host-to-device before use and gradients back after, and runs "
             "the optimizer step on the CPU: time the step pays only to save memory this job does not need. The "
             "estimate counts fp32 state as the model holds it; activations are inside the measured peak.",
-        fix="Turn CPU offload off (Accelerate: fsdp_offload_params: false in fsdp_config).", snippet=snippet)
+        fix="Turn CPU offload off" + (" in the DeepSpeed config (zero_optimization)." if cfg.get("api") == "deepspeed"
+                                      else " (Accelerate: fsdp_offload_params: false in fsdp_config)."), snippet=snippet)

@@ -339,3 +339,70 @@ def test_cpu_offload_that_is_not_needed_warns_and_one_that_is_passes():
     assert run_check("sharded.cpu-offload", ev)[0].severity is Severity.PASS
     cpu = fsdp2_cfg(offload={"cls": "CPUOffloadPolicy"})
     assert run_check("sharded.cpu-offload", evidence(srank(0, cpu), srank(1, cpu)))[0].severity is Severity.SKIPPED
+
+
+# ---- DeepSpeed: the engine's ZeRO configuration, and the fixes in its config's words --------------------
+
+def test_deepspeed_engine_configuration_is_read_through_its_accessors():
+    import torch
+    from torch import nn
+
+    from diag.probe.fsdp import describe
+
+    class _Dev:
+        value = "none"
+
+    class _Off:
+        device = _Dev()
+
+    class DeepSpeedEngine(nn.Module):         # the accessors of deepspeed.runtime.engine.DeepSpeedEngine
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Linear(4, 4)
+            self.device = torch.device("cpu")
+            self.world_size = 2
+
+        def zero_optimization_stage(self):
+            return 3
+
+        def zero_overlap_comm(self):
+            return False
+
+        def zero_reduce_bucket_size(self):
+            return 5e8
+
+        def zero_allgather_bucket_size(self):
+            return 5e8
+
+        def zero_prefetch_bucket_size(self):
+            return 5e7
+
+        def zero_contiguous_gradients(self):
+            return True
+
+        def zero_offload_param(self):
+            return _Off()
+
+        def zero_offload_optimizer(self):
+            return None
+
+        def bfloat16_enabled(self):
+            return False
+
+        def fp16_enabled(self):
+            return False
+
+    d = describe(DeepSpeedEngine())
+    assert d["api"] == "deepspeed" and d["zero_stage"] == 3 and d["overlap_comm"] is False
+    assert d["params"] == 20 and d["param_bytes"] == 80 and d["shard_world"] == 2
+    assert d["offload"] is None and d["mixed_precision"] is None and d["stage3_prefetch_bucket_size"] == 5e7
+
+
+def test_exposed_comm_deepspeed_without_overlap_comm_says_so_in_its_config():
+    cfg = {"api": "deepspeed", "units": None, "devices": ["cuda"], "zero_stage": 3, "overlap_comm": False,
+           "param_bytes": 400 * MiB, "param_dtypes": ["float32"]}
+    big = {"all_gather": [10, 0.02, 10 * 40 * MiB], "reduce_scatter": [5, 0.01, 5 * 40 * MiB]}
+    ev = evidence(srank(0, cfg, step=0.2, wait=0.03, kinds=big), srank(1, cfg, step=0.2, wait=0.031, kinds=big))
+    (f,) = run_check("sharded.exposed-comm", ev)
+    assert f.severity is Severity.WARNING and f.evidence["causes"][0] == "no_prefetch"
+    assert '"overlap_comm": true' in f.snippet and "DeepSpeed" in f.fix

@@ -4,8 +4,9 @@ framework built. Nothing here changes the model: attributes are read, nothing is
 communicates or allocates.
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``): each ``fully_shard(module)`` call makes ``module`` an
-``FSDPModule`` with one parameter group, the unit FSDP all-gathers before that module's forward
-and reduce-scatters after its backward. Recorded per unit: its name in the model, parameter count
+``FSDPModule`` (``units`` counts them) with one parameter group (none when its submodules' own calls
+took every parameter: ``param_groups``), the unit FSDP all-gathers before that module's forward and
+reduce-scatters after its backward. Recorded per parameter group: its name in the model, parameter count
 and bytes, ``reshard_after_forward`` as it is in effect (FSDP2 turns it off for the root after its
 first forward), explicit forward/backward prefetch targets (``set_modules_to_forward_prefetch``),
 the mixed-precision policy (``MixedPrecisionPolicy``) and the offload policy
@@ -15,6 +16,10 @@ FSDP1 (``FullyShardedDataParallel``): each FSDP instance (the wrapper and the on
 ``auto_wrap_policy`` nested) is a unit owning one flat parameter. Recorded: ``sharding_strategy``,
 ``backward_prefetch``, ``forward_prefetch``, ``limit_all_gathers``, ``cpu_offload``,
 ``mixed_precision``, ``use_orig_params`` and the units' flat-parameter sizes.
+
+DeepSpeed (``deepspeed.initialize``'s engine): the ZeRO stage, ``overlap_comm``, the bucket sizes
+(``reduce_bucket_size``, ``allgather_bucket_size``, ``stage3_prefetch_bucket_size``), offload
+devices, bf16/fp16, through the engine's own ``zero_*()`` accessors.
 """
 from __future__ import annotations
 
@@ -64,9 +69,63 @@ def fsdp1_class():
     return getattr(mod, "FullyShardedDataParallel", None) if mod is not None else None
 
 
+def _is_deepspeed(module) -> bool:
+    return any(c.__name__ == "DeepSpeedEngine" for c in type(module).__mro__)
+
+
+def _call(obj, name):
+    fn = getattr(obj, name, None)
+    try:
+        return fn() if callable(fn) else None
+    except Exception:
+        return None
+
+
+def _describe_deepspeed(engine) -> dict:
+    """A DeepSpeed engine's ZeRO configuration, through its own accessors."""
+    numel = nbytes = 0
+    dtypes = set()
+    try:
+        for p in engine.module.parameters():
+            k = int(getattr(p, "ds_numel", None) or p.numel())   # ZeRO-3 partitions: ds_numel is the full size
+            numel += k
+            nbytes += k * int(p.element_size())
+            dtypes.add(str(p.dtype).replace("torch.", ""))
+    except Exception:
+        pass
+    dev = getattr(engine, "device", None)
+
+    def _offload(cfg):
+        d = getattr(cfg, "device", None) if cfg is not None else None
+        d = getattr(d, "value", d)
+        return None if d in (None, "none") else str(d)
+
+    off_param, off_opt = _offload(_call(engine, "zero_offload_param")), _offload(_call(engine, "zero_offload_optimizer"))
+    bf16, fp16 = bool(_call(engine, "bfloat16_enabled")), bool(_call(engine, "fp16_enabled"))
+    return {
+        "api": "deepspeed", "units": None, "unit_list": [], "params": numel, "param_bytes": nbytes,
+        "param_dtypes": sorted(dtypes), "devices": [str(dev).split(":")[0]] if dev is not None else [],
+        "shard_world": _call(engine, "world_size") if callable(getattr(engine, "world_size", None)) else getattr(engine, "world_size", None),
+        "zero_stage": _call(engine, "zero_optimization_stage"),
+        "overlap_comm": _call(engine, "zero_overlap_comm"),
+        "reduce_bucket_size": _call(engine, "zero_reduce_bucket_size"),
+        "allgather_bucket_size": _call(engine, "zero_allgather_bucket_size"),
+        "stage3_prefetch_bucket_size": _call(engine, "zero_prefetch_bucket_size"),
+        "contiguous_gradients": _call(engine, "zero_contiguous_gradients"),
+        "mixed_precision": {"cls": "deepspeed", "bf16": bf16, "fp16": fp16} if bf16 or fp16 else None,
+        "offload": {"cls": "deepspeed", "offload_param": off_param, "offload_optimizer": off_opt}
+        if off_param or off_opt else None,
+    }
+
+
 def describe(module) -> dict | None:
-    """The sharding configuration of ``module`` (FSDP2 units or FSDP1 instances inside it), or None
-    when it is not sharded."""
+    """The sharding configuration of ``module`` (FSDP2 units or FSDP1 instances inside it, or a
+    DeepSpeed engine), or None when it is not sharded."""
+    if _is_deepspeed(module):
+        try:
+            return _describe_deepspeed(module)
+        except Exception:
+            return None
     fsdp2 = fsdp2_classes()
     fsdp1 = fsdp1_class()
     if fsdp2 is None and fsdp1 is None:
@@ -158,7 +217,7 @@ def _describe_fsdp2(units: list) -> dict:
     with_params = [u for u in out_units if u["numel"]]
     last = next((u for u in reversed(with_params) if not u["root"]), None)
     return {
-        "api": "fsdp2", "units": len(seen_groups), "unit_calls": len(units),
+        "api": "fsdp2", "units": len(units), "param_groups": len(seen_groups),
         "unit_list": out_units, "params": total_params, "param_bytes": total_bytes,
         "param_dtypes": sorted(dtypes), "devices": sorted(d for d in devices if d),
         "shard_world": mesh,
