@@ -98,8 +98,8 @@ def test_after_the_handover_inner_modules_call_no_hook_and_no_global_hook_is_lef
         hooked = [m for m in model.modules() if m._forward_pre_hooks or m._forward_hooks]
         assert hooked == [model]             # 151 module calls per forward, one of them hooked
         calls = []
-        orig = probe._fwd_pre
-        probe._fwd_pre = lambda m, a: (calls.append(m), orig(m, a))[1]
+        orig = probe.fwd_pre
+        probe.fwd_pre = lambda m, a: (calls.append(m), orig(m, a))[1]
         model(torch.randn(2, 4))
         assert calls == [model]
     finally:
@@ -222,9 +222,9 @@ def test_a_deep_copy_shares_the_hooks_and_outlives_the_probe_quietly(monkeypatch
         assert sum(1 for e in events if e["kind"] == "model") == 2     # observed as its own model
     finally:
         probe.uninstall()
-    n, depth = len(events), probe._depth
+    n, depth = len(events), probe.depth
     ema(torch.randn(2, 8))                    # still carries the shared hook object: it does nothing now
-    assert len(events) == n and probe._depth == depth
+    assert len(events) == n and probe.depth == depth
 
 
 def test_the_estimated_part_prices_each_hooked_forward_and_backward(monkeypatch):

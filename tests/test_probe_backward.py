@@ -112,9 +112,9 @@ def test_a_backward_that_raises_leaves_the_probe_out_of_backward(monkeypatch):
         out.backward()
         with pytest.raises(RuntimeError):
             out.backward()                 # the graph was freed: torch raises
-        assert probe._in_backward is False
+        assert probe.in_backward is False
         model(torch.randn(3, 4))           # a forward after it is seen (not taken for a recomputation)
-        assert probe._depth == 0
+        assert probe.depth == 0
     finally:
         probe.uninstall()
 

@@ -46,7 +46,7 @@ def install(probe) -> None:
         return orig_start(self)
 
     start.__wrapped__ = orig_start
-    probe._patch(process.BaseProcess, "start", start)
+    probe.patch(process.BaseProcess, "start", start)
 
 
 def _wrap_target(proc) -> None:
@@ -72,23 +72,24 @@ def _wrap_target(proc) -> None:
     events = getattr(_PARENT.sink, "path", None) or os.environ.get("DIAG_EVENTS")
     if not events:
         return
-    proc._target = ChildTarget(target, events, _PARENT.rank, method)
+    proc._target = ChildTarget(target, events, _PARENT.rank, method, type(_PARENT))
 
 
 class ChildTarget:
     """The user's process target, run under a counting probe; picklable (spawn)."""
 
-    def __init__(self, target, events: str, rank: int, start_method: str | None):
+    def __init__(self, target, events: str, rank: int, start_method: str | None, probe_cls=None):
         self.target = target
         self.events = events
         self.rank = rank
         self.start_method = start_method
+        self.probe_cls = probe_cls   # the parent's probe class (pickled by name: a spawned child imports it)
 
     def __call__(self, *args, **kwargs):
         counter = _StepCounter()
         probe = None
         try:
-            probe = _child_probe(counter, self.rank)
+            probe = _child_probe(counter, self.rank, self.probe_cls)
         except Exception:
             probe = None
         status = "completed"
@@ -151,46 +152,21 @@ class _StepCounter:
             pass
 
 
-def _child_probe(counter: _StepCounter, rank: int):
-    """The probe of this child: the inherited one (fork), back on in child mode, or a new one."""
+def _child_probe(counter: _StepCounter, rank: int, probe_cls=None):
+    """The probe of this child: the inherited one (fork), back on in child mode, or a new one of the
+    parent's class."""
     inherited = _PARENT
     if inherited is not None and inherited.pid != os.getpid():
-        _become_child(inherited, counter)
+        inherited.become_child(counter)
         return inherited
-    from diag.probe.core import Probe
-
-    probe = Probe(counter, rank=rank, extensions=[], script=None)
+    if probe_cls is None:
+        return None
+    probe = probe_cls(counter, rank=rank, extensions=[], script=None)
     probe.child = True
     probe.install()
     return probe
 
 
-def _become_child(probe, counter) -> None:
-    """The inherited (forked) probe, turned back on for this child: fresh step state, no extensions
-    (their per-run work belongs to the parent), events only counted."""
-    probe.sink = counter
-    probe.extensions = []
-    probe.pid = os.getpid()
-    probe.child = True
-    probe.t0 = time.perf_counter()
-    probe.steps_done = 0
-    probe.current_step = None
-    probe._last_boundary = None
-    probe._depth = 0
-    probe._in_data = 0
-    probe._in_backward = False
-    probe._opt_start = {}
-    probe._top_module = None
-    probe._seek_model = False
-    probe.max_steps = None
-    probe._init_step_rules()
-    probe._forked = False
-
-
 def _finish_child(probe) -> None:
-    step = probe.current_step
-    if step is not None and step.group_end is not None:
-        probe._close_group()
-    elif step is not None and step.n_backward > 0:
-        probe._close_step(time.perf_counter(), "manual" if not probe._any_optimizer_step else "optimizer")
-    probe._forked = True     # nothing more from this child
+    probe.steps.close_open_step(time.perf_counter())
+    probe.silence()     # nothing more from this child

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import os
 import socket
 import sys
@@ -42,13 +41,17 @@ from diag.probe.frames import (exception_info, frame_location, is_library_file, 
                                user_frame)
 from diag.probe import marks
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
-from diag.probe.hooks import Patches, _never, compiling_check, remove_hooks, run_eagerly
+from diag.probe.hooks import (DiagStop, Patches, _never, compiling_check, live_optimizers, optimizer_alive,
+                              remove_hooks, run_eagerly)
 from diag.probe.quiet import silence_hook_warnings
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
                                wrappers_of)
 from diag.probe.sink import FileSink
 from diag.probe import children
-from diag.probe.steps import StepRules, batch_samples
+from diag.probe.evalsteps import EvalWatch
+from diag.probe.stepmachine import Step as _Step
+from diag.probe.stepmachine import StepMachine
+from diag.probe.steps import batch_samples, detect_framework, install_manual_update
 from diag.probe.tensors import (batch_size_of, first_tensor, grad_tensor, grad_tensors, on_backward,
                                 output_grad_tensors, samples_of)
 
@@ -87,44 +90,13 @@ class _TorchState:
         return cls
 
 
-class DiagStop(BaseException):
-    """Raised inside the user's script to end it at a step or time limit (unwinds like Ctrl-C,
-    so the script's ``finally`` blocks and DataLoader shutdown still run)."""
-
-    def __init__(self, reason: str, status: str = "stopped"):
-        super().__init__(reason)
-        self.reason = reason
-        self.status = status
-
-
 # ---------------------------------------------------------------------------------------------------
 # the probe
 
-class _Step:
-    """The step in progress (implements :class:`diag.probe.context.StepState`)."""
-
-    __slots__ = ("index", "start", "data_s", "forward_s", "backward_s", "optimizer_s", "eval_s",
-                 "n_forward", "n_backward", "samples", "tokens", "sample_site", "micro_batches", "instrumented",
-                 "extra", "group", "group_end", "batches")
-
-    def __init__(self, index: int, start: float):
-        self.index = index
-        self.start = start
-        self.data_s = self.forward_s = self.backward_s = self.optimizer_s = self.eval_s = 0.0
-        self.n_forward = self.n_backward = 0
-        self.samples = self.tokens = None
-        self.sample_site = None      # the call site whose batches the step's samples count
-        self.micro_batches = 0
-        self.instrumented = False
-        self.extra: dict = {}
-        self.group: set = set()      # the optimizers stepped in this step (diag.probe.steps)
-        self.group_end = None        # when the group's last optimizer step ended
-        self.batches = 0             # DataLoader batches that fed this step
-
-
-class Probe(StepRules):
-    """Torch hooks and the step state machine. Extensions receive the probe as their
-    :class:`~diag.probe.context.ProbeContext` and use only that interface."""
+class Probe:
+    """Torch hooks, and the step machine they feed (``self.steps``, :class:`StepMachine`, which it
+    owns and serves as its :class:`~diag.probe.stepmachine.Listener`). Extensions receive the probe
+    as their :class:`~diag.probe.context.ProbeContext` and use only that interface."""
 
     def __init__(self, sink: Callable[[dict], None], *, max_steps: int | None = None,
                  rank: int = 0, local_rank: int = 0, world_size: int = 1,
@@ -149,7 +121,7 @@ class Probe(StepRules):
         self._last_iter: dict[int, list] = {}   # loader id -> its newest iterator's record (a peek is no epoch)
         self.extensions = list(extensions or [])
         # state
-        self._depth = 0
+        self.depth = 0
         self.forward_start = 0.0
         self._top_module = None
         self._top_depth = 0          # the depth the model forward runs at (1, or deeper under a bare one)
@@ -159,16 +131,9 @@ class Probe(StepRules):
         self.forward_counts_samples = True   # the training forward being reported adds to the step's samples
         self.sampled = True          # the step in progress is a sampled one (ProbeContext.sampled; issue 28)
         self._in_data = 0
-        self._in_backward = False
+        self.in_backward = False
         self._bwd_start = 0.0
         self._opt_start: dict[int, float] = {}
-        self._any_optimizer_step = False
-        self._manual_mode: bool | None = None   # decided once, when the first backward ends a step
-        self.steps_done = 0
-        self.epoch = 0
-        self.current_step: _Step | None = None
-        self._last_boundary: float | None = None
-        self.step_closed_at: float = 0.0
         self._models: dict[int, int] = {}        # id(module) -> model id
         self._model_device: dict[int, str] = {}  # model id -> device type of its first parameter
         self._model_refs: dict[int, Any] = {}    # model id -> weakref
@@ -190,10 +155,10 @@ class Probe(StepRules):
         self._eager_opt_pre = self._eager_opt_post = None   # for compiled code (prepare_compiled)
         self._bwd_twins: list = []    # (autograd wrapper, [its eager twin]) (_wrap_backward)
         self._has_params: dict[int, tuple] = {}   # id(module) -> (weakref, has parameters)
-        self._own_ns = 0              # the probe's own time (hook bodies, extensions, sink), nanoseconds
-        self._own_mark = 0            # _own_ns at the previous step event
-        self._ext_ns: dict[str, int] = {}   # per extension (inside _own_ns)
-        self._sink_ns = 0                   # emitting events (inside _own_ns)
+        self.own_ns = 0              # the probe's own time (hook bodies, extensions, sink), nanoseconds
+        self._own_mark = 0            # own_ns at the previous step event
+        self._ext_ns: dict[str, int] = {}   # per extension (inside own_ns)
+        self._sink_ns = 0                   # emitting events (inside own_ns)
         self.slow_path_ns = 0.0       # torch's cost of a global hook pair per module call (measured at install)
         # what the probe's own timer cannot see (issue 20), calibrated once at install (_calibrate):
         # torch's slow path of a module carrying the probe's hooks and the hook trampolines, per hooked
@@ -202,9 +167,14 @@ class Probe(StepRules):
         self.autograd_hook_ns = 0.0
         self._bwd_calls = 0           # _bwd_hook invocations (autograd called into the probe)
         self._bwd_wrapped = False     # backwards are timed by wrapping torch.autograd.backward / grad
-        self._est_ns = 0.0            # the estimated part so far (inside own_s, not in _own_ns)
+        self._est_ns = 0.0            # the estimated part so far (inside own_s, not in own_ns)
         self._est_marks = (0, 0, 0)   # (window calls, hooked forwards, backward calls) at the previous step event
-        self._init_step_rules()
+        # the step model (diag.probe.stepmachine): owned, fed by the hooks below, concluding through
+        # this probe's Listener methods; evaluation steps' torch side (diag.probe.evalsteps)
+        self.steps = StepMachine(self, t0=self.t0, loaders=self._loaders_by_lid)
+        self._evals = EvalWatch(self)
+        self._close_ns = 0            # when the step being closed began to close (step_closed)
+        self._finishing = False       # finish() runs: a step it closes does not stop the run
 
     # ---- events ------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -283,9 +253,45 @@ class Probe(StepRules):
                     self.disable(ext)
 
     # ---- the extension interface (diag.probe.context.ProbeContext) -----------------------------------
+    # the step model's state, read through the probe (plain reads of the machine's attributes)
     @property
     def manual_mode(self) -> bool | None:
-        return self._manual_mode
+        return self.steps.manual_mode
+
+    @property
+    def current_step(self) -> _Step | None:
+        return self.steps.current
+
+    @property
+    def steps_done(self) -> int:
+        return self.steps.done
+
+    @property
+    def epoch(self) -> int:
+        return self.steps.epoch
+
+    @property
+    def step_closed_at(self) -> float:
+        return self.steps.closed_at
+
+    @property
+    def last_batch_samples(self) -> int | None:
+        return self.steps.last_batch_samples
+
+    @property
+    def eval_passes(self) -> int:
+        return self.steps.eval_passes
+
+    @property
+    def last_boundary(self) -> float | None:
+        return self.steps.last_boundary
+
+    _eval_passes = eval_passes          # the names the timeline extension read before issue 28
+    _last_boundary = last_boundary
+
+    def forward_calls(self) -> int:
+        """Top-level forwards seen so far, every call site together."""
+        return sum(self._site_counts.values())
 
     def is_live(self) -> bool:
         return self.active and not self._forked
@@ -309,14 +315,14 @@ class Probe(StepRules):
         return ref() if ref is not None else None
 
     def is_top_forward(self, module) -> bool:
-        return self._depth == 1 and module is self._top_module
+        return self.depth == 1 and module is self._top_module
 
     def phase(self) -> str:
         if self._in_data:
             return "data"
-        if self._in_backward:
+        if self.in_backward:
             return "backward"
-        if self._depth > 0:
+        if self.depth > 0:
             return "forward"
         return "other"
 
@@ -356,7 +362,7 @@ class Probe(StepRules):
     def own_cost(self) -> dict:
         """The probe's own time so far, by part (seconds), and the hand-over's windows."""
         ext = {k: v / 1e9 for k, v in self._ext_ns.items()}
-        timed = self._own_ns / 1e9
+        timed = self.own_ns / 1e9
         sink = self._sink_ns / 1e9
         est = self._est_ns / 1e9
         ho = self._handover
@@ -422,7 +428,7 @@ class Probe(StepRules):
             self._handover = HandOver(self).install(scan=scan_modules)
             self._lifted.register(self._handover)
         else:
-            fwd_pre, fwd_post = self._fwd_pre, self._fwd_post
+            fwd_pre, fwd_post = self.fwd_pre, self.fwd_post
 
             def g_pre(module, args):          # traced to nothing under torch.compile (hooks.compiling_check)
                 return None if _compiling() else fwd_pre(module, args)
@@ -453,7 +459,7 @@ class Probe(StepRules):
                     probe.report_error("torch.compile", e)
                 return orig_compile(*args, **kwargs)
 
-            self._patch(torch, "compile", compile)
+            self.patch(torch, "compile", compile)
         try:
             self._wrap_backward(torch)
         except Exception as e:   # the per-forward node hooks time the backward instead
@@ -470,21 +476,22 @@ class Probe(StepRules):
                 probe._on_loader_iter(loader, it)
             except Exception as e:
                 probe.report_error("dataloader.__iter__", e)
-            probe._own_ns += _ns() - t0
+            probe.own_ns += _ns() - t0
             return it
+
+        sm = self.steps
 
         def __next__(it):
             if not probe.active or probe._forked:
                 return orig_next(it)
-            step = probe.current_step
-            if step is not None and (step.group_end is not None or (step.n_backward and not probe._any_optimizer_step)):
-                probe._before_data(time.perf_counter())   # may close the last step: not data wait
+            if sm.current is not None:
+                sm.before_fetch(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
             t0 = time.perf_counter()
             if probe._ext_live.get("on_data", True):
                 probe._ext("on_data", "start")
             probe._in_data += 1
-            probe._own_ns += _ns() - n0
+            probe.own_ns += _ns() - n0
             try:
                 batch = orig_next(it)
             except StopIteration:
@@ -493,7 +500,7 @@ class Probe(StepRules):
                     rec = probe._iters.get(id(it))
                     if rec is not None:
                         rec[4] = True
-                    probe._pass_ended(probe._iter_lid(it))
+                    sm.pass_ended(probe._iter_lid(it))
                 except Exception as e:
                     probe.report_error("dataloader.StopIteration", e)
                 raise
@@ -501,16 +508,16 @@ class Probe(StepRules):
                 probe._in_data -= 1
                 raise
             probe._in_data -= 1
-            n0, closed = _ns(), probe.steps_done
+            n0, closed = _ns(), sm.done
             if probe._ext_live.get("on_data", True):
                 probe._ext("on_data", "end")
             probe._on_batch(it, time.perf_counter() - t0, batch, t0)
-            if probe.steps_done == closed:   # a step closed in there counted itself
-                probe._own_ns += _ns() - n0
+            if sm.done == closed:   # a step closed in there counted itself
+                probe.own_ns += _ns() - n0
             return batch
 
-        self._patch(dl.DataLoader, "__iter__", __iter__)
-        self._patch(dl._BaseDataLoaderIter, "__next__", __next__)
+        self.patch(dl.DataLoader, "__iter__", __iter__)
+        self.patch(dl._BaseDataLoaderIter, "__next__", __next__)
 
         orig_zero_grad = torch.optim.Optimizer.zero_grad
 
@@ -524,10 +531,10 @@ class Probe(StepRules):
                 probe._on_zero_grad(opt, set_to_none, time.perf_counter() - t0)
             except Exception as e:
                 probe.report_error("zero_grad", e)
-            probe._own_ns += _ns() - n0
+            probe.own_ns += _ns() - n0
             return out
 
-        self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
+        self.patch(torch.optim.Optimizer, "zero_grad", zero_grad)
 
         # the sink may hold the last step events for up to 0.2 s (diag.probe.sink): a script that ends
         # with os._exit (no atexit, no finally) must not lose them
@@ -541,7 +548,7 @@ class Probe(StepRules):
                     pass
                 _orig(code)
 
-            self._patch(os, "_exit", _exit)
+            self.patch(os, "_exit", _exit)
 
             # os.exec* replaces the process image: the waiting steps are written first (issue 27,
             # class 18); os.execl/execlp/execvp/execvpe all end in one of these two
@@ -559,9 +566,9 @@ class Probe(StepRules):
 
             for name in ("execv", "execve"):
                 if callable(getattr(os, name, None)):
-                    self._patch(os, name, _execer(getattr(os, name)))
+                    self.patch(os, name, _execer(getattr(os, name)))
         try:
-            self._install_manual_update(torch)   # diag.probe.steps: the update of a loop without torch.optim
+            install_manual_update(self, torch)   # diag.probe.steps: the update of a loop without torch.optim
         except Exception as e:
             self.report_error("no_grad", e)
         os.register_at_fork(after_in_child=self._after_fork)
@@ -590,25 +597,18 @@ class Probe(StepRules):
                 if _compiling():   # a backward inside compiled code: a graph break without diag too
                     f = eager[0]
                     return f(*args, **kwargs) if f is not None else orig(*args, **kwargs)
-                if probe._in_backward or probe._forked or not probe.active:
+                if probe.in_backward or probe._forked or not probe.active:
                     return orig(*args, **kwargs)   # nested (a reentrant checkpoint's recomputation), or paused
                 n0 = _ns()
-                probe._in_backward = True
+                probe.in_backward = True
                 start = time.perf_counter()
-                probe._own_ns += _ns() - n0
+                probe.own_ns += _ns() - n0
                 try:
                     return orig(*args, **kwargs)
                 finally:
                     end = time.perf_counter()
-                    probe._in_backward = False
-                    step = probe.current_step
-                    if step is None:
-                        probe._backward_done(start, end)   # opens the step (times itself)
-                    else:                                  # _backward_done, inlined (per step)
-                        n1 = _ns()
-                        step.backward_s += end - start
-                        step.n_backward += 1
-                        probe._own_ns += _ns() - n1
+                    probe.in_backward = False
+                    probe._backward_done(start, end)   # times itself
 
             wrapper.__wrapped__ = orig
             wrapper.__name__ = name
@@ -618,28 +618,52 @@ class Probe(StepRules):
             self._bwd_twins.append((wrapper, eager))
             return wrapper
 
-        self._patch(ag, "backward", _wrap(ag.backward, "backward"))
-        self._patch(ag, "grad", _wrap(ag.grad, "grad"))
+        self.patch(ag, "backward", _wrap(ag.backward, "backward"))
+        self.patch(ag, "grad", _wrap(ag.grad, "grad"))
         self._bwd_wrapped = True
 
     def _backward_done(self, start: float, end: float) -> None:
         t0 = _ns()
         try:
-            step = self.current_step or self._begin_training(start)
-            step.backward_s += end - start
-            step.n_backward += 1
+            self.steps.backward(start, end)
         except DiagStop:
             raise
         except Exception as e:
             self.report_error("backward", e)
-        self._own_ns += _ns() - t0
+        self.own_ns += _ns() - t0
 
     def _after_fork(self) -> None:
         # DataLoader workers (and other forks) inherit the hooks: they must stay silent.
         self._forked = True
 
-    def _patch(self, owner, name: str, new) -> None:
+    silence = _after_fork
+
+    def become_child(self, sink) -> None:
+        """The inherited (forked) probe, turned back on for a child process that trains
+        (diag.probe.children): fresh step state, no extensions (their per-run work belongs to the
+        parent), events to ``sink`` (one that only counts)."""
+        self.sink = sink
+        self.extensions = []
+        self.pid = os.getpid()
+        self.child = True
+        self.t0 = time.perf_counter()
+        self.depth = 0
+        self._in_data = 0
+        self.in_backward = False
+        self._opt_start = {}
+        self._top_module = None
+        self._seek_model = False
+        self.max_steps = None
+        self.steps.reset(self.t0)     # in place: the patched methods hold the machine
+        self.steps.optimizers_known = len(self._optimizers)
+        self._evals.watch = False
+        self._forked = False
+
+    def patch(self, owner, name: str, new) -> None:
+        """Replace ``owner.name`` for the run (undone at uninstall, newest first)."""
         self._patches.patch(owner, name, new)
+
+    _patch = patch
 
     def uninstall(self) -> None:
         if not self.active:
@@ -649,7 +673,7 @@ class Probe(StepRules):
             self._handover.uninstall()
         if self._globals is not None:
             self._globals.remove()
-        self._es_uninstall()   # diag.probe.evalsteps: its lazily patched tensor methods
+        self._evals.uninstall()   # diag.probe.evalsteps: its lazily patched tensor methods
         for h in self._handles:
             remove_global_hook(h)   # also torch's with_kwargs leak (a compile warning for ever after)
         remove_hooks(self._handles)
@@ -665,13 +689,9 @@ class Probe(StepRules):
         """Flush what is pending and emit the `end` event."""
         if self._forked:
             return
+        self._finishing = True
         try:
-            step = self.current_step
-            if step is not None and step.group_end is not None:
-                self._close_group()
-            elif step is not None and step.n_backward > 0:
-                self._close_step(time.perf_counter(), "manual" if not self._any_optimizer_step else "optimizer")
-            self._finish_step_rules()
+            self.steps.finish(time.perf_counter())
             self._flush_sites()
             self._emit_loaders()
             self._emit_optimizers()
@@ -688,13 +708,13 @@ class Probe(StepRules):
         self.emit(E.END, status=status, exit_code=exit_code, reason=reason, steps=self.steps_done)
 
     # ---- module hooks ------------------------------------------------------------------------------
-    def _fwd_pre(self, module, args):
+    def fwd_pre(self, module, args):
         # Nested calls (every layer of the model) only touch two ints and a bool here: inside a
         # compiled region dynamo traces these hooks, and reading the model object from it breaks tracing.
-        if self._in_backward:   # recomputation (activation checkpointing): not a forward of the step,
+        if self.in_backward:   # recomputation (activation checkpointing): not a forward of the step,
             return None         # and it may end by an exception that skips the post hook
-        self._depth += 1
-        if self._depth == 1:
+        self.depth += 1
+        if self.depth == 1:
             if self.module_has_parameters(module):
                 self.forward_start = time.perf_counter()
                 self._top_module = module
@@ -713,7 +733,7 @@ class Probe(StepRules):
         elif self._seek_model and has_parameters(module):
             self.forward_start = time.perf_counter()
             self._top_module = module
-            self._top_depth = self._depth
+            self._top_depth = self.depth
             self._seek_model = False
             self._bare_had_model = True
             if self._ext_live.get("on_forward_start", True):
@@ -724,32 +744,32 @@ class Probe(StepRules):
         """A model's outermost forward begins (extensions that count from here: FLOPs)."""
         t0 = _ns()
         self._ext("on_forward_start", module)
-        self._own_ns += _ns() - t0
+        self.own_ns += _ns() - t0
 
-    def _fwd_post(self, module, args, kwargs, output=None):
+    def fwd_post(self, module, args, kwargs, output=None):
         # torch calls always_call hooks as hook(module, args, result) when a forward raised
         # (module.py ignores with_kwargs there): `kwargs` then holds the result
-        if self._in_backward:
+        if self.in_backward:
             return None
-        self._depth -= 1
+        self.depth -= 1
         if output is None and not isinstance(kwargs, dict):
-            self._depth = max(self._depth, 0)
-            if self._depth == self._top_depth - 1 and self._top_module is module:
+            self.depth = max(self.depth, 0)
+            if self.depth == self._top_depth - 1 and self._top_module is module:
                 self._top_module, self._top_depth = None, 0
-                self._seek_model = self._depth > 0
+                self._seek_model = self.depth > 0
             return None
-        if self._depth < 0:   # a forward started before the probe was installed
-            self._depth = 0
+        if self.depth < 0:   # a forward started before the probe was installed
+            self.depth = 0
             return None
-        if self._depth == self._top_depth - 1 and module is self._top_module:
-            if self._depth > 0:          # a model called by a parameterless module: look for another
+        if self.depth == self._top_depth - 1 and module is self._top_module:
+            if self.depth > 0:          # a model called by a parameterless module: look for another
                 self._top_module, self._top_depth, self._seek_model = None, 0, True
             ho = self._handover
             if ho is not None:           # HandOver.note, inlined (per outermost forward)
                 ho.outermost_forwards += 1
                 if id(module) not in ho.known:
                     ho.learn(module)
-        elif self._depth == 0 and self._top_depth == 0:
+        elif self.depth == 0 and self._top_depth == 0:
             self._seek_model = False
             if self._handover is not None:
                 self._handover.note(module, True, self._bare_had_model)
@@ -757,22 +777,22 @@ class Probe(StepRules):
                 end = time.perf_counter()
                 t0 = _ns()
                 self._on_bare_forward(output, self._bare_start, end)
-                self._own_ns += _ns() - t0
+                self.own_ns += _ns() - t0
             return None
         else:
             return None
-        if self._forked or not self.active or self._in_backward or self._in_data:
+        if self._forked or not self.active or self.in_backward or self._in_data:
             return None
         end = time.perf_counter()
         t0 = _ns()
         try:
             self._on_top_forward(module, args, kwargs, output, self.forward_start, end)
         except DiagStop:
-            self._own_ns += _ns() - t0
+            self.own_ns += _ns() - t0
             raise
         except Exception as e:
             self.report_error("forward", e)
-        self._own_ns += _ns() - t0
+        self.own_ns += _ns() - t0
         return None
 
     def _on_bare_forward(self, output, start: float, end: float) -> None:
@@ -781,19 +801,14 @@ class Probe(StepRules):
         not a model, a call site or a batch of its own."""
         if self._forked or not self.active or self._in_data:
             return
-        step = self.current_step
         try:
             import torch
 
             outs = output_grad_tensors(output) if torch.is_grad_enabled() else []
-            if outs:
-                if step is not None:
-                    step.forward_s += end - start
-                if not self._bwd_wrapped:
-                    for t in outs:
-                        on_backward(t, self._bwd_hook)
-            elif step is not None:
-                step.eval_s += end - start
+            self.steps.bare_forward(end - start, bool(outs))
+            if outs and not self._bwd_wrapped:
+                for t in outs:
+                    on_backward(t, self._bwd_hook)
         except Exception as e:
             self.report_error("forward", e)
 
@@ -853,7 +868,7 @@ class Probe(StepRules):
                 "location": frame_location(frame), "training": training, "grad_enabled": grad,
                 "inference_mode": inference, "autocast": ac_dtype,
                 "autocast_device": dev_type if ac else None, "output_requires_grad": out_rg,
-                "in_step": grad and training and out_rg, "first_step": self.steps_done + 1,
+                "in_step": grad and training and out_rg, "first_step": self.steps.done + 1,
                 "input_shapes": shapes, "input_dtypes": dtypes, "backpropagated": False,
             }
             self._sites[key] = site
@@ -863,51 +878,21 @@ class Probe(StepRules):
         # or a call site whose output was seen to feed a backward (training in eval mode, e.g. to
         # freeze BatchNorm statistics)
         train_fwd = grad and out_rg and (training or site["backpropagated"])
-        if train_fwd:
-            step = self.current_step
-            if step is not None:
-                if step.group_end is not None and step.batches == 0:
-                    self._close_group()   # no DataLoader feeds these steps: a training forward begins the next
-                    step = self.current_step
-                if step is not None and step.n_backward and not self._any_optimizer_step:
-                    # a new step begins with its first training forward (manual-update scripts)
-                    self._before_activity(start)
         skey = site["key"]
-        self._site_counts[skey] += 1
-        self._site_dirty.add(skey)
-        dt = end - start
-        step = self.current_step
+        sm = self.steps
         if train_fwd:
-            if step is None:
-                step = self._begin_training(start)
-            step.forward_s += dt
-            step.n_forward += 1
-            if step.n_forward == 1:
-                # step.extra["pre_forward_s"] (checks/dataloader.py): seconds between the previous step's
-                # end (when the probe finished closing it: its own work is not the user's) and this
-                # step's first training forward, less the DataLoader wait and evaluation forwards in
-                # between: the main thread's own batch building (hand-made batching, .to(device))
-                gap = start - max(step.start, self.step_closed_at) - step.data_s - step.eval_s
-                step.extra["pre_forward_s"] = int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0
-            # the step's samples: every batch through the call site of its first training forward
-            # (gradient accumulation: each micro-batch), not a second model or a second view, and not
-            # a closure re-evaluating the same batch (LBFGS)
-            counted = (step.sample_site is None or step.sample_site == skey) and not (
-                step.sample_site is not None and self.in_repeated_closure())
+            # the step machine: which step this forward belongs to (it may close the previous one, and
+            # open the next), its forward phase, the main thread's own work before it (pre_forward_s)
+            step = sm.training_forward(start, end, skey)
+            self._site_counts[skey] += 1     # (after: a step it closed carried the counts before it)
+            self._site_dirty.add(skey)
+            counted = sm.counts_samples(step, skey)
             if counted:
-                step.micro_batches += 1
-                samples, tokens = samples_of(args, kwargs, self.last_batch_samples)
-                if step.sample_site is None:
-                    step.sample_site = skey
-                    step.samples, step.tokens = samples, tokens
-                else:
-                    if samples is not None:
-                        step.samples = (step.samples or 0) + samples
-                    if tokens is not None:
-                        step.tokens = (step.tokens or 0) + tokens
+                samples, tokens = samples_of(args, kwargs, sm.last_batch_samples)
+                sm.add_samples(step, skey, samples, tokens)
             self.forward_counts_samples = counted
             self._last_model = self._model_refs.get(mid)
-            if not self._in_backward and not self._bwd_wrapped:
+            if not self.in_backward and not self._bwd_wrapped:
                 # (torch.autograd.backward could not be wrapped) on every output that needs grad: the
                 # loss may use any of them
                 for t in output_grad_tensors(output):
@@ -918,17 +903,18 @@ class Probe(StepRules):
             if self._ext_live.get("on_forward", True):
                 self._ext("on_forward", module, args, kwargs, output, True)
         else:
+            self._site_counts[skey] += 1
+            self._site_dirty.add(skey)
             e_samples = e_tokens = None
-            if self.current_step is None or self.current_step.group_end is not None:
-                e_samples, e_tokens, _, _ = batch_size_of(args, kwargs, self.last_batch_samples)
-            if not self._eval_forward(start, dt, skey, e_samples, e_tokens):
-                if self.current_step is not None:
-                    self.current_step.eval_s += dt
-            elif self.extensions and self._es_ext_calls < 8:
+            if sm.wants_eval_batch():
+                e_samples, e_tokens, _, _ = batch_size_of(args, kwargs, sm.last_batch_samples)
+            # a forward of the open step (a teacher's: its eval_s), or of an evaluation pass
+            if sm.eval_forward(start, end - start, skey, e_samples, e_tokens) and self.extensions \
+                    and self._evals.ext_calls < 8:
                 # the first evaluation forwards (diag.probe.evalsteps): an evaluation-only run's batch
-                self._es_ext_calls += 1
+                self._evals.ext_calls += 1
                 self._ext("on_eval_forward", module, args, kwargs, output, site)
-            if out_rg and not self._in_backward:
+            if out_rg and not self.in_backward:
                 # a graph built outside training mode: find out whether a backward goes through it
                 try:
                     on_backward(out_t, functools.partial(self._graph_bwd_hook, site))
@@ -941,19 +927,19 @@ class Probe(StepRules):
     # ---- backward ----------------------------------------------------------------------------------
     def _bwd_hook(self, grad):
         self._bwd_calls += 1          # autograd called into Python (the estimated part, _account_step)
-        if self._in_backward or self._forked:
+        if self.in_backward or self._forked:
             return None
         t0 = _ns()
-        self._in_backward = True
+        self.in_backward = True
         self._bwd_start = time.perf_counter()
         try:
             import torch
 
             torch.autograd.Variable._execution_engine.queue_callback(self._bwd_end)
         except Exception as e:
-            self._in_backward = False
+            self.in_backward = False
             self.report_error("backward", e)
-        self._own_ns += _ns() - t0
+        self.own_ns += _ns() - t0
         return None
 
     def _graph_bwd_hook(self, site, grad):
@@ -968,7 +954,7 @@ class Probe(StepRules):
 
     def _bwd_end(self):
         end = time.perf_counter()
-        self._in_backward = False
+        self.in_backward = False
         self._backward_done(self._bwd_start, end)   # times itself
 
     # ---- optimizer ---------------------------------------------------------------------------------
@@ -994,10 +980,11 @@ class Probe(StepRules):
         ho = self._handover
         if ho is not None and id(opt) not in ho._opts:
             ho._opt_pre(opt, args, kwargs)   # called from here, not as a hook of its own (one dispatch less)
-        step = self.current_step
+        sm = self.steps
+        step = sm.current
         if step is not None and step.group_end is not None and id(opt) in step.group:
-            self._own_ns += _ns() - t0
-            self._close_group()    # the same optimizer again: the previous iteration is over (times itself)
+            self.own_ns += _ns() - t0
+            sm.optimizer_begins(id(opt))   # the same optimizer again: the previous iteration is over (times itself)
             t0 = _ns()
         ref = self._opt_seen.get(id(opt))
         if ref is None or ref() is not opt:     # an optimizer's first step (or a new one at a reused id)
@@ -1010,12 +997,12 @@ class Probe(StepRules):
         if self._ext_live.get("on_optimizer_step", True):
             self._ext("on_optimizer_step", opt)
         # torch hands the hook (optimizer,) + step()'s own arguments: a closure makes them longer
-        wrapped = self._wrap_closure(opt, args, kwargs) \
+        wrapped = sm.wrap_closure(id(opt), opt, args, kwargs) \
             if kwargs or len(args) > 1 or (args and args[0] is not opt) else None
         if wrapped is not None:
-            self._begin_training(time.perf_counter())   # its forwards and backwards run inside
+            sm.begin_training(time.perf_counter())   # its forwards and backwards run inside
         self._opt_start[id(opt)] = time.perf_counter()
-        self._own_ns += _ns() - t0
+        self.own_ns += _ns() - t0
         return wrapped
 
     def _opt_post(self, opt, args, kwargs):
@@ -1034,24 +1021,17 @@ class Probe(StepRules):
             if unexplained and not ho.discovering:
                 ho.request("a step no known forward fed")
         start = self._opt_start.pop(id(opt), end)
-        self._any_optimizer_step = True
         info = self._optimizers.get(id(opt)) or self.optimizer_info(opt)
         info["steps"] += 1
-        step = self.current_step or self._open_step(start)
-        # a closure's forwards and backwards are in their own phases, its other work in "other"
-        step.optimizer_s += max(end - start - (self._closure_time(opt) if self._closure else 0.0), 0.0)
-        close = False
-        if step.n_backward > 0:
-            # the step ends with its optimizer-step group, when the next iteration shows itself
-            step.group.add(id(opt))
-            step.group_end = end
-            if self._alive_counted_at == len(self._optimizers):   # _group_complete, inlined (per step)
-                close = len(step.group) >= (self._alive_optimizers or 1)
-            else:
-                close = self._group_complete(step)
-        self._own_ns += _ns() - t0
-        if close:
-            self._close_step(end, "optimizer")   # times itself
+        sm = self.steps
+        closed = sm.done
+        # the optimizer phase (less a closure's time: its forwards and backwards are in their own
+        # phases) and the step's optimizer-step group, which may close the step now
+        sm.optimizer_stepped(id(opt), start, end)
+        if sm.done == closed:
+            self.own_ns += _ns() - t0
+        else:                    # the step's close counted itself (step_closed) from when it began
+            self.own_ns += max(self._close_ns - t0, 0)
         return None
 
     def optimizer_info(self, opt, create: bool = True) -> dict | None:
@@ -1069,6 +1049,7 @@ class Probe(StepRules):
                 "state_bytes": None,
             }
             self._optimizers[id(opt)] = info
+            self.steps.optimizers_known = len(self._optimizers)
         return info
 
     def _on_zero_grad(self, opt, set_to_none, dt: float = 0.0) -> None:
@@ -1126,11 +1107,12 @@ class Probe(StepRules):
         if prev is not None and prev[3] <= 1 and not prev[4] and info["epochs"] > 0:
             info["epochs"] -= 1
         info["epochs"] += 1
-        self._pass_started(info["id"])
+        sm = self.steps
+        sm.pass_started(info["id"])
         if info["role"] != "eval":
             # an evaluation loader's passes are not epochs of training (a validation loader iterated
             # every N steps showed "epoch 5" on a one-epoch Lightning run)
-            self.epoch = max(self.epoch, info["epochs"])
+            sm.epoch = max(sm.epoch, info["epochs"])
         if self._handover is not None:
             self._handover.request("loader")   # an epoch or an evaluation loop begins: look again
         # the iterator is the user's object: what the probe knows of it is kept here, not on it
@@ -1151,10 +1133,6 @@ class Probe(StepRules):
             return None
         return rec[1]
 
-    def _before_data(self, t: float) -> None:
-        self._close_group()
-        self._before_activity(t)
-
     def _on_batch(self, it, dt: float, batch=None, t0: float | None = None) -> None:
         rec = self._iters.get(id(it))
         if rec is not None and rec[0] is not None and rec[0]() is not it:
@@ -1172,10 +1150,11 @@ class Probe(StepRules):
                 info["first_batch_s"].append(round(dt, 6))
                 if len(info["first_batch_s"]) > 200:
                     del info["first_batch_s"][0]
+        sm = self.steps
         n = batch_samples(batch)
         if n is not None:
-            self.last_batch_samples = n
-        self._fetched(lid, t0 if t0 is not None else time.perf_counter() - dt, dt)
+            sm.last_batch_samples = n
+        sm.fetched(lid, t0 if t0 is not None else time.perf_counter() - dt, dt)
 
     def _emit_loaders(self) -> None:
         for info in self._loaders.values():
@@ -1185,51 +1164,20 @@ class Probe(StepRules):
         for info in self._optimizers.values():
             self.emit(E.OPTIMIZER, **info)
 
-    # ---- steps -------------------------------------------------------------------------------------
-    def _open_step(self, start: float) -> _Step:
-        if self._last_boundary is not None:
-            start = self._last_boundary
-        self.current_step = _Step(self.steps_done + 1, start)
+    # ---- the step machine's listener (diag.probe.stepmachine.Listener) ---------------------------------
+    def emit_event(self, kind: str, data: dict) -> None:
+        self.emit_dict(kind, data)
+
+    def step_opened(self, step: _Step) -> None:
         if self._ext_live.get("on_step_start", True):
-            self._ext("on_step_start", self.current_step.index)
-        return self.current_step
+            self._ext("on_step_start", step.index)
 
-    def _before_activity(self, t: float) -> None:
-        """New data or a new training forward: close a manual step (backward without an
-        optimizer step) if that is how this script trains."""
-        step = self.current_step
-        if step is None or step.n_backward == 0 or self._any_optimizer_step:
-            return
-        if self._manual_mode is None:
-            self._manual_mode = not _optimizer_alive()
-        if self._manual_mode:
-            n0 = _ns()
-            self._close_step(t, "manual")
-            self._own_ns -= _ns() - n0   # called inside a timed hook: _close_step counted itself
-
-    def _close_step(self, end: float, kind: str) -> None:
-        step = self.current_step
-        if step is None:
-            return
-        t_close = _ns()
-        self.current_step = None
-        self._last_boundary = end
-        self._depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
+    def step_closed(self, step: _Step, ev: dict) -> None:
+        """A step closed (the machine built its event ``ev``): the extensions' per-step records, the
+        probe's own time in it, the forward counts, the event itself; then the step limit."""
+        t_close = self._close_ns = _ns()
+        self.depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
         self._seek_model = False
-        self.steps_done = step.index
-        total = end - step.start
-        other = total - step.data_s - step.forward_s - step.backward_s - step.optimizer_s - step.eval_s
-        ev = {
-            "index": step.index, "total_s": total, "data_s": step.data_s, "forward_s": step.forward_s,
-            "backward_s": step.backward_s, "optimizer_s": step.optimizer_s,
-            "other_s": other + step.eval_s, "n_forward": step.n_forward,
-            "n_backward": step.n_backward, "samples": step.samples, "tokens": step.tokens,
-            "micro_batches": step.micro_batches or None,
-            "epoch": self.epoch or None, "ended_by": kind, "instrumented": step.instrumented,
-            "extra": step.extra,
-        }
-        if step.eval_s:
-            ev["extra"]["eval_s"] = step.eval_s
         if self._ext_live.get("on_step_end", True):
             self._ext("on_step_end", ev)
         self._account_step(ev, step, t_close)
@@ -1243,19 +1191,40 @@ class Probe(StepRules):
             self._emit_loaders()
             self._emit_optimizers()
             self.emit(E.ENV, **environment())
-        # the probe's own end-of-step work, counted from the step's end (a step closes when the next
-        # iteration shows itself, after its optimizer-step group ended)
-        self.step_closed_at = end + (_ns() - t_close) / 1e9
-        self._own_ns += _ns() - t_close
-        if self.max_steps is not None and step.index >= self.max_steps:
+        self.own_ns += _ns() - t_close
+        if self.max_steps is not None and step.index >= self.max_steps and not self._finishing:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
+
+    def first_training(self) -> None:
+        detect_framework(self)
+
+    def optimizer_alive(self) -> bool:
+        return optimizer_alive()
+
+    def live_optimizers(self) -> int:
+        return live_optimizers()
+
+    def eval_step_opened(self, es: dict) -> None:
+        self._evals.opened(es)
+
+    def eval_forward(self, es: dict, site: str | None) -> None:
+        self._evals.forward(es, site)
+
+    def eval_step_closed(self, es: dict | None, ev: dict | None) -> None:
+        self._evals.closed(es, ev)
+
+    def eval_finished(self) -> None:
+        try:
+            self._evals.finished()
+        except Exception as e:
+            self.report_error("eval_steps", e)
 
     def _account_step(self, ev: dict, step: _Step, t_close: int) -> None:
         """The probe's own time in this step (``probe_s``: since the previous step event, that event's
         write included; a step in a discovery window adds torch's slow path for each module call the
         global hooks saw) and whether a discovery window covered it (``probe_window``)."""
         ho = self._handover
-        own = self._own_ns + (_ns() - t_close)
+        own = self.own_ns + (_ns() - t_close)
         probe_ns = own - self._own_mark
         self._own_mark = own
         in_window = False
@@ -1437,18 +1406,7 @@ def _float_or_none(v) -> float | None:
         return None
 
 
-def _optimizer_alive() -> bool:
-    """Is there an Optimizer object in this process? Looked up once per run, when the first
-    backward is followed by new work without an optimizer step."""
-    try:
-        import torch
-
-        opt_cls = torch.optim.Optimizer
-        # type(o), not isinstance: isinstance may consult o.__class__, which some deprecated
-        # torch objects answer with a FutureWarning in the user's output
-        return any(issubclass(type(o), opt_cls) for o in gc.get_objects())
-    except Exception:
-        return False
+_optimizer_alive = optimizer_alive   # the former private name
 
 
 __all__ = [

@@ -1,6 +1,7 @@
 """Evaluation steps (docs/steps.md, section 5): an evaluation "step" is one forward of the model on one
-batch. A mixin of :class:`diag.probe.steps.StepRules` (and so of the probe); it keeps its own state and
-is driven by the step rules' fetch / evaluation-forward / training-start / pass-end hooks.
+batch. Where they begin and end is the step machine's (:mod:`diag.probe.stepmachine`); this module is
+the probe's side of them (:class:`EvalWatch`): the counting of host syncs and copies, one evaluation
+forward's FLOPs, the events.
 
 - An evaluation step begins where the previous one ended (the first of a pass: at the previous
   training step's end, or at its own first fetch in an evaluation-only run) and ends when the next
@@ -26,181 +27,105 @@ import os
 import time
 
 from diag.evidence import events as E
+from diag.probe.frames import user_frame
+from diag.probe.hooks import DiagStop, compiling_check, optimizer_alive
 from diag.probe.models import wrappers_of
+from diag.probe.stepmachine import EVAL_FLOPS_STEP
 
-EVAL_FLOPS_STEP = 3     # the evaluation step whose forward is counted with FlopCounterMode (evaluation-only runs)
 MAX_LOCATED = 2000      # host-sync calls walked to the user's line (then only counted)
 MAX_SYNC_SITES = 10
 _SYNC_OPS = ("item", "tolist", "cpu", "numpy")
 
 
-class EvalStepRules:
-    """Mixin: evaluation steps and their per-batch host syncs."""
+class EvalWatch:
+    """The probe's side of evaluation steps (the step machine, :mod:`diag.probe.stepmachine`, decides
+    where they begin and end): the tensor-method patches that count per-batch host syncs and time
+    host-to-device copies while an evaluation step is open, the FLOPs of one evaluation forward, the
+    sync sites, and the ``eval_step`` events. Owned by the probe (``Probe._evals``)."""
 
-    def _init_eval_steps(self) -> None:
-        self._es: dict | None = None           # the evaluation step in progress
-        self._es_count = 0                     # evaluation steps emitted
-        self._es_last_end: float | None = None
-        self._es_watch = False                 # an evaluation step is open: count syncs and copies
-        self._es_patched = False
-        self._es_mine: list = []               # (owner, name, ours, original)
-        self._es_sites: dict[tuple, dict] = {}
-        self._es_located = 0
-        self._es_cuda = False                  # an evaluated model lives on CUDA: time copies
-        self._es_flops = None                  # FlopCounterMode over the counted evaluation step
-        self._es_pend_t0: float | None = None  # fetches not yet given to a step (training runs before any evaluation)
-        self._es_pend_dt = 0.0
-        self._es_ext_calls = 0                 # evaluation forwards handed to extensions (on_eval_forward)
-        self._es_flops_done = False
-        self._es_finishing = False
+    def __init__(self, probe):
+        self.probe = probe
+        self.watch = False                     # an evaluation step is open: count syncs and copies
+        self.patched = False
+        self._mine: list = []                  # (owner, name, ours, original)
+        self._sites: dict[tuple, dict] = {}
+        self._located = 0
+        self._cuda = False                     # an evaluated model lives on CUDA: time copies
+        self._flops = None                     # FlopCounterMode over the counted evaluation step
+        self._flops_done = False
+        self.ext_calls = 0                     # evaluation forwards handed to extensions (on_eval_forward)
+        self._no_optimizer: bool | None = None
 
-    # ---- the step ------------------------------------------------------------------------------------
-    def _es_open(self, t: float) -> dict:
-        starts = [x for x in (self._es_last_end, self._last_boundary) if x is not None]
-        start = min(max(starts), t) if starts else t
-        self._es = {"start": start, "data_s": 0.0, "h2d_s": 0.0, "forward_s": 0.0, "forwards": 0,
-                    "samples": None, "tokens": None, "site": None, "sites": set(), "syncs": 0,
-                    "provisional": False, "sync_at": [], "instrumented": False}
-        self._es_watch = self._es_patched
-        if not self._es_flops_done and self._es_count == EVAL_FLOPS_STEP - 1:
-            self._es_flops_enter()
-        return self._es
+    # ---- the step machine's evaluation events ----------------------------------------------------------
+    def opened(self, es: dict) -> None:
+        self.watch = self.patched
+        if not self._flops_done and self.probe.steps.eval_steps == EVAL_FLOPS_STEP - 1:
+            self._flops_enter(es)
 
-    def _es_fetch(self, t0: float, dt: float, provisional: bool) -> None:
-        """A batch arrived while no training step is open."""
-        es = self._es
-        if es is None and self.steps_done and not self._es_patched:
-            # a training run that has not evaluated yet (the hot path of every training step): only
-            # remember the fetch, in case an evaluation forward comes next
-            if self._es_pend_t0 is None:
-                self._es_pend_t0 = t0
-            self._es_pend_dt += dt
+    def forward(self, es: dict, site: str | None) -> None:
+        if not self.patched:
+            self._install()           # the first evaluation forward: watch syncs and copies from now on
+        self.watch = True
+        if self._flops is not None:
+            self._flops_exit(es, site)
+        if not self._cuda and site is not None:
+            self._cuda = any(str(d).startswith("cuda") for d in self.probe._model_device.values())
+
+    def closed(self, es: dict | None, ev: dict | None) -> None:
+        self.watch = False
+        if self._flops is not None:
+            self._flops_exit(None, None)
+        if es is None or ev is None:
             return
-        if es is not None and es["forwards"]:
-            self._es_close(t0)
-            es = None
-        if es is None:
-            es = self._es_open(t0)
-        es["data_s"] += dt
-        es["provisional"] = es["provisional"] or provisional
-
-    def _es_forward(self, start: float, dt: float, site: str | None, samples, tokens) -> None:
-        """A forward of an evaluation pass."""
-        es = self._es
-        if es is not None and es["forwards"] and site in es["sites"]:
-            self._es_close(start)        # the same call site again without a fetch: the next batch
-            es = None
-        if es is None:
-            es = self._es_open(start)
-            if self._es_pend_t0 is not None and self._es_pend_t0 >= es["start"]:
-                es["data_s"] += self._es_pend_dt      # the fetch of its batch, made before it was known
-        self._es_pend_t0, self._es_pend_dt = None, 0.0
-        if not self._es_patched:
-            self._es_install()           # the first evaluation forward: watch syncs and copies from now on
-        self._es_watch = True
-        es["forwards"] += 1
-        es["forward_s"] += dt
-        es["provisional"] = False
-        if es["site"] is None:
-            es["site"], es["samples"], es["tokens"] = site, samples, tokens
-        es["sites"].add(site)
-        if self._es_flops is not None:
-            self._es_flops_exit(es, site)
-        if not self._es_cuda and site is not None:
-            self._es_cuda = any(str(d).startswith("cuda") for d in self._model_device.values())
-
-    def _es_close(self, end: float) -> None:
-        es = self._es
-        self._es = None
-        self._es_watch = False
-        if self._es_flops is not None:
-            self._es_flops_exit(None, None)
-        if es is None:
-            return
-        if not es["forwards"]:
-            return                       # fetches without a forward: not an evaluation step
-        end = max(end, es["start"])
-        total = end - es["start"]
-        other = total - es["data_s"] - es["h2d_s"] - es["forward_s"]
-        self._es_count += 1
-        self._es_last_end = end
         for key in es["sync_at"]:
-            rec = self._es_sites.get(key)
+            rec = self._sites.get(key)
             if rec is None:
-                if len(self._es_sites) >= 100:
+                if len(self._sites) >= 100:
                     continue
-                rec = self._es_sites[key] = {"file": key[0], "line": key[1], "function": key[2],
-                                             "op": key[3], "calls": 0}
+                rec = self._sites[key] = {"file": key[0], "line": key[1], "function": key[2],
+                                          "op": key[3], "calls": 0}
             rec["calls"] += 1
-        ev = {"index": self._es_count, "pass_index": self._eval_passes + 1, "total_s": total,
-              "data_s": es["data_s"], "h2d_s": es["h2d_s"], "forward_s": es["forward_s"], "other_s": other,
-              "forwards": es["forwards"], "samples": es["samples"], "tokens": es["tokens"], "site": es["site"],
-              "host_syncs": es["syncs"], "instrumented": es["instrumented"]}
-        if self._site_dirty and self._es_count % 50 == 1:
-            ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
-            self._site_dirty.clear()
-        self.emit(E.EVAL_STEP, **ev)
-        if (self.max_steps is not None and self._es_count >= self.max_steps and not self._es_finishing
+        probe = self.probe
+        if probe._site_dirty and ev["index"] % 50 == 1:
+            ev["forward_counts"] = {k: probe._site_counts[k] for k in probe._site_dirty}
+            probe._site_dirty.clear()
+        probe.emit_dict(E.EVAL_STEP, ev)
+        sm = probe.steps
+        if (probe.max_steps is not None and ev["index"] >= probe.max_steps and not sm.finishing
                 and self._evaluation_only()):
-            from diag.probe.core import DiagStop
-
-            self._es_watch = False
-            raise DiagStop(f"--steps {self.max_steps} reached ({self._es_count} evaluation steps: "
+            self.watch = False
+            raise DiagStop(f"--steps {probe.max_steps} reached ({ev['index']} evaluation steps: "
                            "an evaluation run)", "stopped")
 
     def _evaluation_only(self) -> bool:
         """No training so far and no optimizer in the process (looked up once): ``--steps N`` counts
         evaluation steps in such a run."""
-        if self.steps_done or self._optimizers or self._any_optimizer_step:
+        if not self.probe.steps.evaluation_only():
             return False
-        if getattr(self, "_es_no_optimizer", None) is None:
-            from diag.probe.core import _optimizer_alive
+        if self._no_optimizer is None:
+            self._no_optimizer = not optimizer_alive()
+        return self._no_optimizer
 
-            self._es_no_optimizer = not _optimizer_alive()
-        return self._es_no_optimizer
-
-    def _es_claimed_by_training(self, t: float, tail_taken: bool) -> None:
-        """Training begins at ``t``: an evaluation step built on fetches that training takes is dropped;
-        one that evaluated ends here."""
-        self._es_pend_t0, self._es_pend_dt = None, 0.0
-        es = self._es
-        if es is None:
-            return
-        if tail_taken:
-            # the tail (its fetches, and the forwards after them: a teacher's) feeds the training step
-            self._es = None
-            self._es_watch = False
-            if self._es_flops is not None:
-                self._es_flops_exit(None, None)
-            return
-        self._es_close(t)
-
-    def _es_finish(self) -> None:
-        """The run ends: the open evaluation step closes with the pass (never a --steps stop here)."""
-        self._es_finishing = True
-        if self._es is not None:
-            es = self._es
-            last = es["start"] + es["data_s"] + es["h2d_s"] + es["forward_s"]
-            ev_last = self._eval["last"] if self._eval is not None else last
-            self._es_close(max(last, ev_last))
-        if self._es_sites:
-            sites = sorted(self._es_sites.values(), key=lambda s: -s["calls"])[:MAX_SYNC_SITES]
-            self.emit(E.EVAL_SYNCS, sites=sites)
-        self._es_uninstall()
+    def finished(self) -> None:
+        """The run ends: the sync sites, and the patches undone."""
+        if self._sites:
+            sites = sorted(self._sites.values(), key=lambda s: -s["calls"])[:MAX_SYNC_SITES]
+            self.probe.emit(E.EVAL_SYNCS, sites=sites)
+        self.uninstall()
 
     # ---- tensor-method patches (lazy) ----------------------------------------------------------------
-    def _es_install(self) -> None:
-        self._es_patched = True
+    def _install(self) -> None:
+        self.patched = True
         if "evalsyncs" in os.environ.get("DIAG_PROBE_DISABLE", ""):
             return              # no per-batch host syncs or copies counted (eval.host-sync skips)
         try:
             import torch
         except Exception:
             return
-        probe = self
+        watch = self
+        probe = self.probe
+        sm = probe.steps
         Tensor = torch.Tensor
-        from diag.probe.hooks import compiling_check
-
         compiling = compiling_check()
 
         # compiling() first: under torch.compile's tracing it is a constant True, so dynamo neither
@@ -209,8 +134,8 @@ class EvalStepRules:
             def wrapper(t, *args, **kwargs):
                 if compiling():
                     return orig(t, *args, **kwargs)
-                if probe._es_watch and not probe._depth and not probe._forked:
-                    probe._es_sync(name)
+                if watch.watch and not probe.depth and not probe._forked:
+                    watch._sync(name)
                 return orig(t, *args, **kwargs)
             wrapper.__wrapped__ = orig
             wrapper.__doc__ = getattr(orig, "__doc__", None)
@@ -221,12 +146,12 @@ class EvalStepRules:
             def wrapper(t, *args, **kwargs):
                 if compiling():
                     return orig(t, *args, **kwargs)
-                if probe._es_watch and probe._es_cuda and not probe._depth and not probe._forked:
+                if watch.watch and watch._cuda and not probe.depth and not probe._forked:
                     t0 = time.perf_counter()
                     out = orig(t, *args, **kwargs)
                     try:
                         if out is not t and t.device.type == "cpu" and out.device.type == "cuda":
-                            es = probe._es
+                            es = sm.es
                             if es is not None:
                                 es["h2d_s"] += time.perf_counter() - t0
                     except Exception:
@@ -247,48 +172,48 @@ class EvalStepRules:
             try:
                 setattr(Tensor, name, new)
             except Exception as e:
-                self.report_error("eval_steps.patch", e)
+                probe.report_error("eval_steps.patch", e)
                 continue
-            self._es_mine.append((Tensor, name, new, own))
+            self._mine.append((Tensor, name, new, own))
 
     # ---- FLOPs of one evaluation forward (evaluation-only runs) ----------------------------------------
-    def _es_flops_enter(self) -> None:
+    def _flops_enter(self, es: dict) -> None:
         """Count the next evaluation step's forward with FlopCounterMode: only in a run with no training
         so far and no optimizer (an evaluation or batch-inference script; a training run's FLOPs are
         counted on a training step by the flop counter extension, and its forward FLOPs price its
         evaluation)."""
-        self._es_flops_done = True
-        if self.steps_done or self._optimizers or "flopcounter" in os.environ.get("DIAG_PROBE_DISABLE", ""):
+        self._flops_done = True
+        probe = self.probe
+        if (probe.steps.done or probe._optimizers
+                or "flopcounter" in os.environ.get("DIAG_PROBE_DISABLE", "")):
             return
         try:
-            from diag.probe.core import _optimizer_alive
-
-            if _optimizer_alive() or any("compiled" in wrappers_of(m)[1] for m in self.models()):
+            if optimizer_alive() or any("compiled" in wrappers_of(m)[1] for m in probe.models()):
                 return
             from torch.utils.flop_counter import FlopCounterMode
 
             mode = FlopCounterMode(display=False)
             mode.__enter__()
-            self._es_flops = mode
-            if self._es is not None:
-                self._es["instrumented"] = True
+            self._flops = mode
+            es["instrumented"] = True
         except Exception as e:
-            self._es_flops = None
-            self.report_error("eval_steps.flops", e)
+            self._flops = None
+            probe.report_error("eval_steps.flops", e)
 
-    def _es_flops_exit(self, es: dict | None, site: str | None) -> None:
-        mode, self._es_flops = self._es_flops, None
+    def _flops_exit(self, es: dict | None, site: str | None) -> None:
+        mode, self._flops = self._flops, None
+        probe = self.probe
         try:
             mode.__exit__(None, None, None)
         except Exception as e:
-            self.report_error("eval_steps.flops", e)
+            probe.report_error("eval_steps.flops", e)
             return
         if es is None or site is None:
             return
         try:
             flops = int(mode.get_total_flops())
-            rec = next((v for v in self._sites.values() if v["key"] == site), None)
-            ref = self._model_refs.get(rec["model"]) if rec else None
+            rec = next((v for v in probe._sites.values() if v["key"] == site), None)
+            ref = probe._model_refs.get(rec["model"]) if rec else None
             model = ref() if ref is not None else None
             params = sum(p.numel() for p in model.parameters()) if model is not None else None
             dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()), None) if model is not None else None
@@ -302,19 +227,19 @@ class EvalStepRules:
             units = es["tokens"] or es["samples"]
             analytic = 2 * params * units if params and units else None
             value = {"flops": flops, "samples": es["samples"], "tokens": es["tokens"], "params": params,
-                     "eval_step": self._es_count + 1, "device": dev_type, "device_name": dev_name,
+                     "eval_step": probe.steps.eval_steps + 1, "device": dev_type, "device_name": dev_name,
                      "precision": rec.get("autocast") if rec and rec.get("autocast") else dtype,
                      "analytic_flops": analytic,
                      "analytic_basis": "tokens" if es["tokens"] else "samples",
                      "ratio_to_analytic": flops / analytic if analytic else None}
-            self.emit(E.SET, path="flops.eval", value=value)
+            probe.emit(E.SET, path="flops.eval", value=value)
         except Exception as e:
-            self.report_error("eval_steps.flops", e)
+            probe.report_error("eval_steps.flops", e)
 
-    def _es_uninstall(self) -> None:
-        if self._es_flops is not None:
-            self._es_flops_exit(None, None)
-        mine, self._es_mine = self._es_mine, []
+    def uninstall(self) -> None:
+        if self._flops is not None:
+            self._flops_exit(None, None)
+        mine, self._mine = self._mine, []
         for owner, name, ours, orig in reversed(mine):
             try:
                 if owner.__dict__.get(name) is ours:   # still ours: restore; else whoever patched after us restored
@@ -324,19 +249,17 @@ class EvalStepRules:
                         setattr(owner, name, orig)
             except Exception:
                 pass
-        self._es_watch = False
+        self.watch = False
 
-    def _es_sync(self, op: str) -> None:
-        es = self._es
+    def _sync(self, op: str) -> None:
+        es = self.probe.steps.es
         if es is None:
             return
         es["syncs"] += 1
-        if self._es_located >= MAX_LOCATED:
+        if self._located >= MAX_LOCATED:
             return
-        self._es_located += 1
+        self._located += 1
         try:
-            from diag.probe.frames import user_frame
-
             f = user_frame(3)
             if f is not None:
                 es["sync_at"].append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name, op))

@@ -4,12 +4,12 @@ Any *global* forward hook takes every module call off the hook-free fast path of
 ``Module._call_impl`` (~4-5 µs per call: docs/performance.md). The probe only needs the *outermost*
 forward of each model, so:
 
-* **discovery window**: global pre/post hooks route every module call to the probe's ``_fwd_pre`` /
-  ``_fwd_post`` (the probe's outermost-forward rules, unchanged). Each outermost module the probe
+* **discovery window**: global pre/post hooks route every module call to the probe's ``fwd_pre`` /
+  ``fwd_post`` (the probe's outermost-forward rules, unchanged). Each outermost module the probe
   sees is noted (:meth:`HandOver.note`).
 * **handed over**: at a boundary (a step closed after at least one outermost forward in the window,
   or ``WINDOW_FORWARDS`` outermost forwards without a step) the global hooks are removed and the
-  noted modules get module-local hooks that call the same ``_fwd_pre`` / ``_fwd_post``. Inner
+  noted modules get module-local hooks that call the same ``fwd_pre`` / ``fwd_post``. Inner
   modules then run on torch's fast path.
 * **modules built after install** are hooked as they are built (torch's global *registration* hooks
   fire only while a module is built, never on a call); a module registered as another module's child
@@ -69,7 +69,7 @@ _Hook = ProbeHook
 
 
 class HandOver:
-    """Routes module calls to ``probe._fwd_pre`` / ``probe._fwd_post``: through global hooks while a
+    """Routes module calls to ``probe.fwd_pre`` / ``probe.fwd_post``: through global hooks while a
     discovery window is open, through module-local hooks on the outermost modules otherwise."""
 
     def __init__(self, probe):
@@ -132,7 +132,7 @@ class HandOver:
             finally:
                 me._in_train = False
 
-        self.probe._patch(torch.nn.Module, "train", train)
+        self.probe.patch(torch.nn.Module, "train", train)
         if scan:
             self._scan()
         self._open("install")
@@ -195,14 +195,14 @@ class HandOver:
         self.window_calls += 1
         if self._mine(module):            # its own hook reports it: never twice
             return None
-        return self.probe._fwd_pre(module, args)
+        return self.probe.fwd_pre(module, args)
 
     def _g_post(self, module, args, kwargs, output=None):
         if _compiling() or self._mine(module):
             return None
         probe = self.probe
-        r = probe._fwd_post(module, args, kwargs, output)
-        if probe._depth == 0 and not probe._in_backward:
+        r = probe.fwd_post(module, args, kwargs, output)
+        if probe.depth == 0 and not probe.in_backward:
             self._after_outermost()
         return r
 
@@ -213,7 +213,7 @@ class HandOver:
         if not self.active:          # a deep copy of a hooked module (an EMA) outlives the probe
             return None
         self.local_calls += 1        # priced by the probe's calibration (its estimated part)
-        return self.probe._fwd_pre(module, args)
+        return self.probe.fwd_pre(module, args)
 
     def _local_post(self, module, args, kwargs, output=None):
         # On a forward that raised, torch calls a *global* always_call hook as hook(module, args, None)
@@ -226,10 +226,10 @@ class HandOver:
             return None
         probe = self.probe
         if output is None and sys.exc_info()[0] is not None:
-            r = probe._fwd_post(module, args, None)
+            r = probe.fwd_post(module, args, None)
         else:
-            r = probe._fwd_post(module, args, kwargs, output)
-        if probe._depth == 0 and (self.discovering or self._pending is not None) and not probe._in_backward:
+            r = probe.fwd_post(module, args, kwargs, output)
+        if probe.depth == 0 and (self.discovering or self._pending is not None) and not probe.in_backward:
             self._after_outermost()
         return r
 
@@ -267,7 +267,7 @@ class HandOver:
             return
         if self.steps < self._not_before.get(reason, 0):
             return
-        if self.probe._depth == 0:
+        if self.probe.depth == 0:
             self._open(reason)
         else:
             self._pending = reason
@@ -403,7 +403,7 @@ class HandOver:
             self._hook(parent)
         except Exception as e:
             self.probe.report_error("handover.module_registration", e)
-        self.probe._own_ns += time.perf_counter_ns() - t0
+        self.probe.own_ns += time.perf_counter_ns() - t0
         return None
 
     def _on_param(self, module, name, param):
@@ -416,7 +416,7 @@ class HandOver:
                 self._hook(module)
         except Exception as e:
             self.probe.report_error("handover.parameter_registration", e)
-        self.probe._own_ns += time.perf_counter_ns() - t0
+        self.probe.own_ns += time.perf_counter_ns() - t0
         return None
 
     def restored(self, module) -> None:
@@ -436,7 +436,7 @@ class HandOver:
                 self._hook(module)
         except Exception as e:
             self.probe.report_error("handover.restored", e)
-        self.probe._own_ns += time.perf_counter_ns() - t0
+        self.probe.own_ns += time.perf_counter_ns() - t0
 
     def _opt_pre(self, opt, args, kwargs):
         if id(opt) not in self._opts and self._live():

@@ -126,3 +126,42 @@ class Patches:
 
     def __bool__(self) -> bool:
         return bool(self._items)
+
+
+class DiagStop(BaseException):
+    """Raised inside the user's script to end it at a step or time limit (unwinds like Ctrl-C,
+    so the script's ``finally`` blocks and DataLoader shutdown still run)."""
+
+    def __init__(self, reason: str, status: str = "stopped"):
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+def optimizer_alive() -> bool:
+    """Is there an Optimizer object in this process? Looked up once per run, when the first
+    backward is followed by new work without an optimizer step."""
+    try:
+        import gc
+
+        import torch
+
+        opt_cls = torch.optim.Optimizer
+        # type(o), not isinstance: isinstance may consult o.__class__, which some deprecated
+        # torch objects answer with a FutureWarning in the user's output
+        return any(issubclass(type(o), opt_cls) for o in gc.get_objects())
+    except Exception:
+        return False
+
+
+def live_optimizers() -> int:
+    """How many Optimizer objects are alive in this process (a gc scan: once per newly seen optimizer)."""
+    try:
+        import gc
+
+        import torch
+
+        cls = torch.optim.Optimizer
+        return sum(1 for o in gc.get_objects() if issubclass(type(o), cls))
+    except Exception:
+        return 0
