@@ -443,10 +443,11 @@ def device_busy(r: RankEvidence) -> "tuple[float, float, int] | None":
     return _device_busy(r)
 
 
-def device_phases(r: RankEvidence, skip_warmup: int = 1) -> "dict | None":
+def device_phases(r: RankEvidence, skip_warmup: "int | None" = None) -> "dict | None":
     """A rank's median phases on the device clock (``data_s`` is GPU idle waiting for data), in the
     shape of the host phases (``total_s``, ``data_s``, ``forward_s``, ``backward_s``, ``optimizer_s``,
-    ``other_s``, ``n``); None without a device timeline."""
+    ``other_s``, ``n``), over the same steady steps as the host phases (``skip_warmup``: that many
+    first steps instead of the warm-up rule, docs/steps.md); None without a device timeline."""
     return _device_phases(r, skip_warmup)
 
 
