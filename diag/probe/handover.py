@@ -31,7 +31,7 @@ import time
 import weakref
 
 from diag.probe.hooks import _never, compiling_check, run_eagerly
-from diag.probe.marks import ProbeHook, lift_module_hooks, put_back
+from diag.probe.marks import ProbeHook, lift_module_hooks, put_back, remove_global_hook  # noqa: F401 (re-exported)
 from diag.probe.quiet import add_filter, remove_filter
 
 _COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
@@ -47,20 +47,6 @@ _NO_BACKOFF = ("install", "new optimizer", "a step no known forward fed", "perio
 
 def handover_enabled() -> bool:
     return os.environ.get("DIAG_PROBE_HANDOVER", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def remove_global_hook(handle) -> None:
-    """Remove a global module hook completely. torch's handle for
-    ``register_module_forward_hook(with_kwargs=True)`` leaves its id in
-    ``_global_forward_hooks_with_kwargs``; ``_has_any_global_hook()`` reads that dict, so every call of
-    a ``torch.compile``'d module would warn about "global hooks" for the rest of the process."""
-    from torch.nn.modules import module as nn_module
-
-    try:
-        handle.remove()
-    except Exception:
-        pass
-    getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(getattr(handle, "id", None), None)
 
 
 # diag's module-local hooks: a type of their own, which the probe's reduction and lifting recognise

@@ -247,8 +247,6 @@ class GlobalHooks:
         return self
 
     def remove(self) -> None:
-        from diag.probe.handover import remove_global_hook
-
         for h in self.handles:
             remove_global_hook(h)
         self.handles.clear()
@@ -309,3 +307,17 @@ def _lifting(orig, lifted: Lifted):
             return orig(*args, **kwargs)
 
     return call
+
+
+def remove_global_hook(handle) -> None:
+    """Remove a global module hook completely. torch's handle for
+    ``register_module_forward_hook(with_kwargs=True)`` leaves its id in
+    ``_global_forward_hooks_with_kwargs``; ``_has_any_global_hook()`` reads that dict, so every call of
+    a ``torch.compile``'d module would warn about "global hooks" for the rest of the process."""
+    from torch.nn.modules import module as nn_module
+
+    try:
+        handle.remove()
+    except Exception:
+        pass
+    getattr(nn_module, "_global_forward_hooks_with_kwargs", {}).pop(getattr(handle, "id", None), None)

@@ -155,7 +155,7 @@ class StepMachine:
         self.done = step.index
         total = end - step.start
         other = total - step.data_s - step.forward_s - step.backward_s - step.optimizer_s - step.eval_s
-        ev = {
+        ev: dict[str, Any] = {
             "index": step.index, "total_s": total, "data_s": step.data_s, "forward_s": step.forward_s,
             "backward_s": step.backward_s, "optimizer_s": step.optimizer_s,
             "other_s": other + step.eval_s, "n_forward": step.n_forward,
@@ -165,7 +165,7 @@ class StepMachine:
             "extra": step.extra,
         }
         if step.eval_s:
-            ev["extra"]["eval_s"] = step.eval_s
+            step.extra["eval_s"] = step.eval_s
         try:
             self.listener.step_closed(step, ev)
         finally:
