@@ -142,3 +142,22 @@ def test_budget_imports_nothing_of_torch_or_the_probe():
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'diag.probe.core', 'diag.evidence.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_changes_and_the_state_fold_into_the_probe_section():
+    """What the probe emits (a probe_sampling event per change, the state merged at exit) is what the
+    reports read."""
+    from diag.evidence import Evidence
+    from diag.evidence import events as E
+    from diag.fold import fold
+
+    ev = Evidence()
+    b = B.Budget()
+    _feed(b, 200, 0.002, 150e-6, 300e-6)
+    for ch in b.pop_changes():
+        fold(ev, {"kind": E.PROBE_SAMPLING, "rank": 0, "t": 1.0, **ch})
+    fold(ev, {"kind": E.MERGE, "rank": 0, "t": 2.0, "path": "probe.sampling", "value": b.state()})
+    s = ev.primary.probe.sampling
+    assert s["period"] == B.FLOOR and s["rate"] == 1 / B.FLOOR and s["steps"] == 200 and s["budget"] == 0.01
+    assert s["changes"][0]["step"] == B.FIRST + 1 and "alone" in s["changes"][0]["reason"]
+    assert not ev.primary.extras.get("probe_errors")

@@ -26,7 +26,7 @@ class ProbeSection(Section):
     hooked_modules: int | None = None       # modules carrying the probe's own hooks at the end
     writer_s: float | None = None           # CPU time of the event writer's thread (encoding and writing step events off the step's thread; not in own_s) (s)
     writer_steps: int | None = None         # steps the run had when writer_s was read
-    sampling: dict[str, Any] | None = None  # the cost budget's sampling of per-step extras (diag.probe.budget): budget (share of the median step; 0: off), period (the probe's extras ran on 1 step in period), rate (1/period), first (steps always sampled at the start), changes [{step, period, step_s, core_s, extras_s, reason}] (the newest 100)
+    sampling: dict[str, Any] | None = None  # the cost budget's sampling of per-step extras (diag.probe.budget): budget (share of the median step; 0: off), period (the probe's extras ran on 1 step in period), rate (1/period), first (steps always sampled at the start), floor (the longest period), steps and sampled (steps fed to the budget, and sampled, at the end), changes [{step, period, step_s, core_s, extras_s, reason}] (the newest 100)
 
 
 WARN_SHARE = 0.02     # above this the probe's own time may move verdicts that turn on a few percent
