@@ -7,7 +7,7 @@ recorded (``distributed.comm_device``), and FSDP's configuration (``distributed.
 docs/distributed.md."""
 from __future__ import annotations
 
-from diag.checks.api import check, median, Severity
+from diag.checks.api import check, knob_words, median, run_framework, Severity
 
 from ._perf import cap_str, capability
 from ._util import gib, ms, pct
@@ -33,6 +33,7 @@ MANY_GATHERS = 16         # all-gathers + reduce-scatters per step from which th
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_to_all", "other")
 KIND_NAMES = {"all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "all_reduce": "all-reduce",
               "broadcast": "broadcast", "barrier": "barrier", "all_to_all": "all-to-all", "other": "other"}
+CAUSE_KNOBS = {"small_units": "fsdp.unit-size", "no_prefetch": "fsdp.prefetch", "no_forward_prefetch": "fsdp.prefetch"}
 API_NAMES = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "deepspeed": "DeepSpeed ZeRO"}
 OFFLOAD_FIT = 0.85        # CPU offload judged unneeded when the state it moves fits in 85% of the device
 
@@ -270,6 +271,12 @@ def exposed_comm(ctx):
                 "collectives (distributed.straggler names its slow phase).")
     fix = first["fix"] if first else "Overlap or shrink the communication: larger units, prefetch, bf16 parameters."
     snippet = first["snippet"] if first else None
+    framework = run_framework(ev)
+    knob = CAUSE_KNOBS.get(first["cause"]) if first else None
+    if knob and framework and cfg.get("api") != "deepspeed":
+        # the framework built the FSDP wrapping: its setting is the lever, in its words
+        fix, snippet, _ = knob_words(knob, framework)
+        numbers.update(knob=knob, framework=framework)
     if contention and contention.get("contended"):
         sev = Severity.INFO
         numbers["host_contention"] = contention
@@ -419,6 +426,12 @@ def cpu_offload(ctx):
         snippet = "FSDP(model, cpu_offload=CPUOffload(offload_params=False))   # or leave cpu_offload unset"
     else:
         snippet = "fully_shard(module)   # no offload_policy=CPUOffloadPolicy()"
+    fix = "Turn CPU offload off" + (" in the DeepSpeed config (zero_optimization)." if cfg.get("api") == "deepspeed"
+                                    else " (Accelerate: fsdp_offload_params: false in fsdp_config).")
+    framework = run_framework(ev)
+    if framework and cfg.get("api") != "deepspeed":
+        fix, snippet, _ = knob_words("fsdp.cpu-offload", framework)
+        numbers.update(knob="fsdp.cpu-offload", framework=framework)
     yield ctx.finding(
         severity=Severity.WARNING,
         message=(f"FSDP offloads to the CPU, but this rank's sharded parameters, gradients and {opt or 'optimizer'} state "
@@ -428,5 +441,4 @@ def cpu_offload(ctx):
         why="Offload copies every unit's parameters host-to-device before use and gradients back after, and runs "
             "the optimizer step on the CPU: time the step pays only to save memory this job does not need. The "
             "estimate counts fp32 state as the model holds it; activations are inside the measured peak.",
-        fix="Turn CPU offload off" + (" in the DeepSpeed config (zero_optimization)." if cfg.get("api") == "deepspeed"
-                                      else " (Accelerate: fsdp_offload_params: false in fsdp_config)."), snippet=snippet)
+        fix=fix, snippet=snippet)

@@ -396,6 +396,59 @@ _KNOBS = [
                                     "accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
                                     "find_unused_parameters=False)])"),
          }),
+    Knob("fsdp.unit-size", "FSDP units of whole blocks",
+         "a sharded run (FSDP2, FSDP1) whose many small all-gathers and reduce-scatters dominate the step",
+         "none (the units are built when the model is sharded)",
+         ("sharded.exposed-comm",), {
+             "torch": Spelling("Shard whole blocks: fully_shard(block) for each transformer block, then the root "
+                               "(FSDP1: auto_wrap_policy=ModuleWrapPolicy({{Block}})), not every layer.",
+                               "for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)"),
+             "transformers": Spelling("Wrap per decoder layer: TrainingArguments(fsdp=\"full_shard auto_wrap\", "
+                                      "fsdp_config={{\"transformer_layer_cls_to_wrap\": [...]}}) with the model's block "
+                                      "class, not a small min_num_params.",
+                                      "args = TrainingArguments(..., fsdp=\"full_shard auto_wrap\",\n"
+                                      "    fsdp_config={{\"transformer_layer_cls_to_wrap\": [\"Block\"]}})"),
+             "lightning": Spelling("Give FSDPStrategy the block class to wrap: FSDPStrategy(auto_wrap_policy={{Block}}).",
+                                   "trainer = L.Trainer(strategy=FSDPStrategy(auto_wrap_policy={{Block}}), ...)"),
+             "accelerate": Spelling("Wrap per block in the FSDP plugin: fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP "
+                                    "with fsdp_transformer_layer_cls_to_wrap set to the block class (accelerate config).",
+                                    "fsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                                    "  fsdp_transformer_layer_cls_to_wrap: Block"),
+         }),
+    Knob("fsdp.prefetch", "FSDP prefetch",
+         "a sharded run on GPUs whose all-gathers are issued only when each unit needs its parameters",
+         "none (set when the model is sharded)",
+         ("sharded.exposed-comm",), {
+             "torch": Spelling("Prefetch the next unit's all-gather: FSDP2 set_modules_to_forward_prefetch / "
+                               "set_modules_to_backward_prefetch; FSDP1 backward_prefetch=BackwardPrefetch.BACKWARD_PRE, "
+                               "forward_prefetch=True.",
+                               "for a, b in zip(blocks, blocks[1:]):\n    a.set_modules_to_forward_prefetch([b])\n"
+                               "    b.set_modules_to_backward_prefetch([a])"),
+             "transformers": Spelling("Set the prefetch in fsdp_config: TrainingArguments(fsdp_config={{"
+                                      "\"backward_prefetch\": \"backward_pre\", \"forward_prefetch\": True}}).",
+                                      "args = TrainingArguments(..., fsdp_config={{\"backward_prefetch\": \"backward_pre\",\n"
+                                      "                                          \"forward_prefetch\": True}})"),
+             "lightning": Spelling("Pass the prefetch to FSDPStrategy (its keyword arguments go to FSDP).",
+                                   "trainer = L.Trainer(strategy=FSDPStrategy(backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
+                                   "                                          forward_prefetch=True), ...)"),
+             "accelerate": Spelling("Set fsdp_backward_prefetch: BACKWARD_PRE and fsdp_forward_prefetch: true in the FSDP "
+                                    "plugin (accelerate config).",
+                                    "fsdp_config:\n  fsdp_backward_prefetch: BACKWARD_PRE\n  fsdp_forward_prefetch: true"),
+         }),
+    Knob("fsdp.cpu-offload", "FSDP without CPU offload",
+         "FSDP offloading parameters to the CPU while the job fits on the GPU without it",
+         "none (set when the model is sharded)",
+         ("sharded.cpu-offload",), {
+             "torch": Spelling("Drop the offload: FSDP2 fully_shard(...) without offload_policy=CPUOffloadPolicy(); "
+                               "FSDP1 without cpu_offload=CPUOffload(offload_params=True).",
+                               "fully_shard(module)   # no offload_policy"),
+             "transformers": Spelling("Drop \"offload\" from TrainingArguments(fsdp=...).",
+                                      "args = TrainingArguments(..., fsdp=\"full_shard auto_wrap\")"),
+             "lightning": Spelling("Construct FSDPStrategy without cpu_offload.",
+                                   "trainer = L.Trainer(strategy=FSDPStrategy(cpu_offload=False), ...)"),
+             "accelerate": Spelling("Set fsdp_offload_params: false in the FSDP plugin (accelerate config).",
+                                    "fsdp_config:\n  fsdp_offload_params: false"),
+         }),
 ]
 
 # diag try: how the probe extension (diag/probe/knobapply.py) applies each knob from outside the

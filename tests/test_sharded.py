@@ -406,3 +406,15 @@ def test_exposed_comm_deepspeed_without_overlap_comm_says_so_in_its_config():
     (f,) = run_check("sharded.exposed-comm", ev)
     assert f.severity is Severity.WARNING and f.evidence["causes"][0] == "no_prefetch"
     assert '"overlap_comm": true' in f.snippet and "DeepSpeed" in f.fix
+
+
+def test_exposed_comm_under_accelerate_speaks_its_fsdp_plugin():
+    from diag.evidence import FrameworkInfo
+
+    cfg = fsdp2_cfg(units=98)
+    tiny = {"all_gather": [194, 0.24, 194 * 1100], "reduce_scatter": [97, 0.16, 97 * 1100]}
+    ev = evidence(srank(0, cfg, step=0.55, wait=0.40, kinds=tiny), srank(1, cfg, step=0.55, wait=0.41, kinds=tiny))
+    ev.ranks[0].framework = FrameworkInfo(name="accelerate")
+    (f,) = run_check("sharded.exposed-comm", ev)
+    assert f.evidence["knob"] == "fsdp.unit-size" and f.evidence["framework"] == "accelerate"
+    assert "fsdp_transformer_layer_cls_to_wrap" in f.snippet
