@@ -173,5 +173,42 @@ def test_saved_run_is_replanned_for_other_strategies(fsdp_job):
     assert z1["rank"]["state"]["optimizer_state"] == plan["sharded"]["rank"]["state"]["optimizer_state"]
     text = run_diag("memory", "--from", str(runs[-1]), "--shard", "fsdp", "--world", "2", cwd=d)
     assert text.code == 0
-    assert "Sharded: one rank of 2 under FSDP FULL_SHARD" in text.stdout
-    assert "largest batch per rank that fits" in text.stdout
+    flat = " ".join(text.stdout.split())
+    assert "Sharded: one rank of 2 under FSDP FULL_SHARD" in flat
+    assert "largest batch per rank that fits" in flat
+
+
+def test_sharding_read_from_the_fsdp_record():
+    fsdp2 = {"api": "fsdp2", "shard_world": 4, "params": 1000, "param_bytes": 4000,
+             "unit_list": [{"module": "(root)", "numel": 100, "root": True, "reshard_after_forward": False},
+                           {"module": "blocks.0", "numel": 450, "root": False, "reshard_after_forward": True}],
+             "mixed_precision": {"param_dtype": "bfloat16"}}
+    got = infer_sharding(_ev(distributed={"fsdp": fsdp2}, world=4))
+    assert (got["strategy"], got["world"], got["unit_params"], got["mixed"]) == ("fsdp", 4, 450, "bf16")
+    fsdp2["unit_list"][1]["reshard_after_forward"] = False
+    assert infer_sharding(_ev(distributed={"fsdp": fsdp2}))["strategy"] == "shard-grad-op"
+    fsdp1 = {"api": "fsdp1", "sharding_strategy": "HYBRID_SHARD", "shard_world": 8, "unit_list": []}
+    assert infer_sharding(_ev(distributed={"fsdp": fsdp1}))["strategy"] == "hybrid"
+    ds = {"api": "deepspeed", "zero_stage": 2, "reduce_bucket_size": 2e8, "mixed_precision": {"bf16": True}}
+    got = infer_sharding(_ev(distributed={"fsdp": ds}))
+    assert got["strategy"] == "zero2" and got["buckets"] == {"reduce_bucket_size": 200_000_000} and got["mixed"] == "bf16"
+
+
+@pytest.mark.slow
+def test_a_sharded_run_is_planned_as_it_ran(tmp_path):
+    """diag check runs the twin as a 2-rank FSDP2 job; diag memory --from that run plans it without a
+    replay (the run's own unit sizes, state only) and the state per rank matches the local shards."""
+    res = run_diag("check", "--nproc-per-node", "2", "--script", TWIN, "--run-dir", "run", "--format", "json",
+                   "--", "--out", str(tmp_path / "held"), cwd=tmp_path, timeout=240)
+    assert res.code in (0, 1), res.stderr[-3000:]
+    held = [json.loads((tmp_path / f"held.rank{r}.json").read_text()) for r in range(2)]
+    got = run_diag("memory", "--from", "run", "--format", "json", cwd=tmp_path)
+    sh = got.json()["plan"]["sharded"]
+    assert sh["status"] == "ok", sh
+    assert (sh["strategy"], sh["world"], sh["unit_params"]) == ("fsdp", 2, 262912)
+    assert sh["inferred"]["source"].startswith("distributed.fsdp")
+    assert sh["rank"]["activations_included"] is False
+    for key in ("parameters", "gradients", "optimizer_state"):
+        assert sh["rank"]["state"][key] == pytest.approx(held[0][key], rel=1e-3), key
+    text = " ".join(run_diag("memory", "--from", "run", cwd=tmp_path).stdout.split())
+    assert "as the run ran: distributed.fsdp (FSDP2 fully_shard)" in text and "not replayed" in text

@@ -124,6 +124,29 @@ def largest_unit(model: dict | None, psi: int) -> tuple[int, str]:
     return psi, "the whole model (no repeated block found): give --unit-params for your wrapping"
 
 
+def base_from_record(record: dict, persistent: dict | None, world: int) -> dict[str, Any]:
+    """The unsharded figures of a run that was sharded, without a replay: the sharded model's own
+    sizes (``distributed.fsdp``: parameters and their bytes, unsharded) and the bytes the probe counted
+    (``memory.persistent``: the full sizes of FSDP2's DTensors, the local flat shards of FSDP1), scaled
+    to the whole model. No phases: the plan has no activations."""
+    psi = int(record.get("params") or 0)
+    p_full = int(record.get("param_bytes") or 0)
+    if psi <= 0 or p_full <= 0:
+        raise ValueError("the sharded model's size was not recorded")
+    pers = persistent or {}
+    seen = int(pers.get("params", 0))
+    scale = 1.0
+    if seen and world > 1 and abs(seen * world - p_full) <= 0.02 * p_full:
+        scale = float(world)                  # the probe counted local shards
+    elif seen and abs(seen - p_full) > 0.02 * p_full:
+        scale = p_full / seen
+    grads = int(pers.get("grads", 0) * scale) or p_full
+    opt = int(pers.get("optimizer_state", 0) * scale)
+    buffers = int(pers.get("buffers", 0))
+    return {"params": p_full + buffers, "grads": grads, "optimizer_state": opt, "psi": psi,
+            "param_elem_bytes": p_full / psi, "phases": {}, "set_to_none": True, "batches": []}
+
+
 def base_from_estimate(est: dict, persistent: dict | None = None, model: dict | None = None,
                        zero_grad_set_to_none: bool | None = None) -> dict[str, Any]:
     """The unsharded figures the sharded plan divides: state bytes, Ψ, and per phase an affine fit
@@ -246,7 +269,10 @@ def rank_figures(base: dict, strategy: str, world: int, batch: int, *, gpus_per_
         phases[ph] = {"state": int(state["parameters"] + state["optimizer_state"] + g_state),
                       "transient": int(trans), "comm": int(sum(comm[ph].values())), "total": int(total)}
     if not phases:
-        raise ValueError("the replay recorded no forward, backward or optimizer phase")
+        # no replay (a sharded run cannot be replayed): the state and the buffers, no activations
+        c = max((sum(v.values()) for v in comm.values()), default=0)
+        phases["state"] = {"state": int(sum(state.values())), "transient": 0, "comm": int(c),
+                           "total": int(sum(state.values()) + c)}
     peak_phase = max(phases, key=lambda k: phases[k]["total"])
     peak = phases[peak_phase]["total"]
     al = allowances({"peak": peak, "mode": "train"}, {k: v for k, v in (facts or {}).items()
@@ -256,6 +282,7 @@ def rank_figures(base: dict, strategy: str, world: int, batch: int, *, gpus_per_
     return {"batch": int(batch), "world": int(world), "shard_group": n_shard, "divisors": div,
             "state": state, "state_total": sum(state.values()), "mixed_copies": int(mixed_copies),
             "comm": {k: v for k, v in comm.items() if v}, "comm_peak": max(sum(v.values()) for v in comm.values()),
+            "activations_included": bool(base.get("phases")),
             "phases": phases, "peak_phase": peak_phase, "peak": int(peak), "allowances": al,
             "allocated": int(allocated), "device": int(device)}
 
@@ -323,7 +350,12 @@ def make_sharded_plan(base: dict, strategy: str, world: int | None, batch: int, 
                       "fsdp_gathered_units": FSDP_GATHERED_UNITS},
         "notes": notes,
     }
-    if usable is not None:
+    if not rank["activations_included"]:
+        notes.append("activations are not included (the run was sharded, and a sharded model cannot be "
+                     "replayed): the figures are what each rank holds before its batch, a lower bound")
+    if usable is not None and not rank["activations_included"]:
+        out["fits"] = rank["device"] <= usable
+    elif usable is not None:
         out["fits"] = rank["device"] <= usable
         res = largest_fitting(lambda b: at(world, b)["device"] <= usable, batch, limit=1 << 24)
         out["max_batch"] = res["max"]
@@ -369,24 +401,18 @@ FSDP_MARKERS = ("FullyShardedDataParallel", "FSDP")
 
 
 def infer_sharding(ev) -> dict[str, Any] | None:
-    """The sharding a run used, from what its evidence says: a ``sharding``/``strategy`` record of the
-    distributed probe when there is one, else the model's wrappers and class names (FSDP1's
-    FullyShardedDataParallel wrapper, FSDP2's ``FSDP<Module>`` classes, DeepSpeed's engine). None for
-    an unsharded run."""
+    """The sharding a run used, from its evidence: the distributed probe's ``distributed.fsdp`` record
+    (FSDP2, FSDP1 or a DeepSpeed engine: diag/probe/fsdp.py) or another ``sharding``/``strategy``
+    record when there is one, else the model's classes (FSDP2's ``FSDP<Module>``, FSDP1's
+    FullyShardedDataParallel wrapper, DeepSpeed's engine). None for an unsharded run.
+
+    Returns ``{"strategy", "world", "source", "record"?, "unit_params"?, "mixed"?, "buckets"?}``."""
     for r in ev.ranks:
         d = r.distributed if isinstance(r.distributed, dict) else {}
-        for key in ("sharding", "strategy", "fsdp", "zero"):
+        for key in ("fsdp", "sharding", "strategy", "zero"):
             rec = d.get(key)
             if isinstance(rec, dict) and rec:
-                name = rec.get("strategy") or rec.get("kind") or rec.get("name")
-                stage = rec.get("stage") or rec.get("zero_stage")
-                if stage and not name:
-                    name = f"zero{int(stage)}"
-                try:
-                    strat = normalise_strategy(str(name)) if name else "fsdp"
-                except ValueError:
-                    strat = "fsdp"
-                return {"strategy": strat, "world": _world(ev), "source": f"distributed.{key}", "record": rec}
+                return _from_record(rec, key, ev)
             if isinstance(rec, str) and rec:
                 try:
                     return {"strategy": normalise_strategy(rec), "world": _world(ev), "source": f"distributed.{key}"}
@@ -404,6 +430,51 @@ def infer_sharding(ev) -> dict[str, Any] | None:
                             sorted({n for n in names if n.startswith("FSDP") or n.startswith("FullySharded")}))[:120]
                         + "); FULL_SHARD assumed"}
     return None
+
+
+_FSDP1_STRATEGIES = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "shard-grad-op", "HYBRID_SHARD": "hybrid",
+                     "_HYBRID_SHARD_ZERO2": "hybrid", "NO_SHARD": "ddp"}
+
+
+def _from_record(rec: dict, key: str, ev) -> dict[str, Any]:
+    api = str(rec.get("api") or "")
+    out: dict[str, Any] = {"world": int(rec.get("shard_world") or 0) or _world(ev), "source": f"distributed.{key}",
+                           "record": {k: rec.get(k) for k in ("api", "units", "params", "param_bytes", "zero_stage",
+                                                              "sharding_strategy", "shard_world")}}
+    name = rec.get("strategy") or rec.get("kind") or rec.get("name")
+    stage = rec.get("zero_stage") if rec.get("zero_stage") is not None else rec.get("stage")
+    if api == "deepspeed" or (stage is not None and not name):
+        s = int(stage or 0)
+        out["strategy"] = f"zero{s}" if s in (1, 2, 3) else "ddp"
+        out["source"] += f" (DeepSpeed ZeRO stage {s})"
+        out["buckets"] = {k: int(float(rec[k])) for k in ("reduce_bucket_size", "allgather_bucket_size",
+                                                          "stage3_prefetch_bucket_size")
+                          if isinstance(rec.get(k), (int, float)) and rec.get(k)}
+    elif api == "fsdp1" or rec.get("sharding_strategy"):
+        strat = str(rec.get("sharding_strategy") or "FULL_SHARD").split(".")[-1]
+        out["strategy"] = _FSDP1_STRATEGIES.get(strat, "fsdp")
+        out["source"] += f" (FSDP1 {strat})"
+    elif api == "fsdp2":
+        units = [u for u in rec.get("unit_list") or [] if not u.get("root")]
+        keeps = units and not any(u.get("reshard_after_forward") for u in units)
+        out["strategy"] = "shard-grad-op" if keeps else "fsdp"
+        out["source"] += " (FSDP2 fully_shard" + (", reshard_after_forward=False on every unit)" if keeps else ")")
+    else:
+        try:
+            out["strategy"] = normalise_strategy(str(name)) if name else "fsdp"
+        except ValueError:
+            out["strategy"] = "fsdp"
+    sizes = [int(u.get("numel") or 0) for u in rec.get("unit_list") or []]
+    if sizes and max(sizes) > 0:
+        out["unit_params"] = max(sizes)
+    mp = rec.get("mixed_precision") or {}
+    if isinstance(mp, dict):
+        text = " ".join(str(v) for v in mp.values()).lower()
+        if mp.get("bf16") is True or "bfloat16" in text:
+            out["mixed"] = "bf16"
+        elif mp.get("fp16") is True or "float16" in text:
+            out["mixed"] = "fp16"
+    return out
 
 
 def _world(ev) -> int:

@@ -73,16 +73,20 @@ def _build(ev, target: dict | None) -> dict[str, Any]:
 
 
 def add_sharded(plan: dict, ev, shard: dict | None) -> None:
-    """Add ``plan["sharded"]``: the plan of one rank of a sharded job (asked, or inferred from the run).
-    A plan that cannot be made says why in ``sharded.reason`` (status ``skipped``)."""
-    from diag.memory.sharded import base_from_estimate, infer_sharding, largest_unit, make_sharded_plan
+    """Add ``plan["sharded"]``: the plan of one rank of a sharded job (asked with ``shard``, or inferred
+    from a run that was sharded). A plan that cannot be made says why (status ``skipped``)."""
+    from diag.memory.sharded import (base_from_estimate, base_from_record, infer_sharding, largest_unit,
+                                     make_sharded_plan)
 
-    inferred = None
+    inferred = infer_sharding(ev) if ev.ranks else None
     if shard is None:
-        inferred = infer_sharding(ev) if ev.ranks else None
         if inferred is None:
             return
-        shard = {"strategy": inferred["strategy"], "world": inferred["world"]}
+        shard = {"strategy": inferred["strategy"], "world": inferred["world"], "mixed": inferred.get("mixed"),
+                 "unit_params": inferred.get("unit_params"), "buckets": inferred.get("buckets")}
+    asked = shard is not None and not (inferred is not None and shard.get("strategy") == inferred["strategy"]
+                                       and shard.get("world") == inferred["world"]
+                                       and shard.get("unit_params") == inferred.get("unit_params"))
     r = ev.primary
     mem = r.memory if isinstance(r.memory, dict) else {}
     pers = mem.get("persistent") or {}
@@ -91,39 +95,38 @@ def add_sharded(plan: dict, ev, shard: dict | None) -> None:
         m = max(r.models, key=lambda m: m.params_total)
         model = {"cls": m.cls, "params_total": m.params_total, "params_trainable": m.params_trainable,
                  "module_types": dict(m.module_types), "layer_shapes": list(m.layer_shapes)}
-    out: dict[str, Any] = {"status": "skipped", "reason": None, "asked": inferred is None,
-                           "inferred": inferred, "measured": None}
-    if inferred is not None:
-        world = max(1, int(inferred.get("world") or 1))
-        measured = {"parameters": int(pers.get("params", 0)) + int(pers.get("buffers", 0)),
-                    "gradients": int(pers.get("grads", 0)), "optimizer_state": int(pers.get("optimizer_state", 0))} \
-            if pers else None
-        out["measured"] = measured
-    est = (plan.get("estimate") or {})
-    if plan["status"] != "ok" or not est.get("points") and not est.get("at_target"):
-        out["reason"] = ("the run is sharded, and a sharded model cannot be replayed on fake tensors: run the "
-                         "script unsharded on one process (diag memory --script ... --shard "
-                         f"{shard['strategy']} --world {shard.get('world') or 'N'}) to plan it"
-                         if inferred is not None else
-                         f"no unsharded replay to divide ({plan.get('reason') or 'the replay did not run'})")
-        plan["sharded"] = out
-        return
+    out: dict[str, Any] = {"status": "skipped", "reason": None, "asked": True, "inferred": inferred}
+    est = plan.get("estimate") or {}
+    replayed = plan["status"] == "ok" and bool(est.get("points") or est.get("at_target"))
     rep = est.get("replay") or {}
+    tgt = plan.get("target") or {}
     try:
-        base = base_from_estimate(est, pers, model, rep.get("zero_grad_set_to_none"))
-        unit, unit_src = (int(shard["unit_params"]), "--unit-params") if shard.get("unit_params") \
-            else largest_unit(model, base["psi"])
-        tgt = plan.get("target") or {}
+        if replayed:
+            base = base_from_estimate(est, pers, model, rep.get("zero_grad_set_to_none"))
+        elif inferred is not None and inferred.get("record"):
+            base = base_from_record(inferred["record"], pers, int(inferred.get("world") or 1))
+        else:
+            why = plan.get("reason") or "the replay did not run"
+            raise ValueError(f"no unsharded replay to divide ({why})" if inferred is None else
+                             "the run is sharded and its sharded model's sizes were not recorded; run the script "
+                             "unsharded on one process (diag memory --script ... --shard "
+                             f"{shard['strategy']} --world {shard.get('world') or 'N'}) to plan it")
+        if shard.get("unit_params"):
+            unit, unit_src = int(shard["unit_params"]), ("--unit-params" if asked else "the run's largest FSDP unit")
+        else:
+            unit, unit_src = largest_unit(model, base["psi"])
+        batch = int(est.get("target_batch") or est.get("observed_batch") or (mem.get("capture") or {}).get("batch") or 1)
         sp = make_sharded_plan(
-            base, shard["strategy"], shard.get("world"), int(est.get("target_batch") or est.get("observed_batch") or 1),
-            capacity=est.get("capacity") or tgt.get("memory"), headroom=est.get("headroom") or 0.10,
-            gpus_per_node=int(shard.get("gpus_per_node") or 8), mixed=shard.get("mixed"), unit_params=unit,
-            unit_source=unit_src, facts=est.get("facts"), capability=est.get("capability") or tgt.get("capability"),
-            buckets=shard.get("buckets"))
+            base, shard["strategy"], shard.get("world"), batch,
+            capacity=est.get("capacity") or tgt.get("memory") or (mem.get("device") or {}).get("total"),
+            headroom=est.get("headroom") or 0.10, gpus_per_node=int(shard.get("gpus_per_node") or 8),
+            mixed=shard.get("mixed"), unit_params=unit, unit_source=unit_src, facts=est.get("facts"),
+            capability=est.get("capability") or tgt.get("capability"), buckets=shard.get("buckets"))
     except ValueError as e:
         out["reason"] = str(e)
         plan["sharded"] = out
         return
     out.update(sp)
     out["status"] = "ok"
+    out["asked"] = asked
     plan["sharded"] = out

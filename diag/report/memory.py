@@ -149,12 +149,13 @@ def render_sharded(sh: dict | None, console) -> None:
     for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer_state", "optimizer state")):
         t.add_row(label, fmt_bytes(un.get(key)), fmt_bytes((r.get("state") or {}).get(label.replace(" ", "_"))))
     ph = (r.get("phases") or {}).get(r.get("peak_phase")) or {}
-    t.add_row("activations and temporaries", "", fmt_bytes(ph.get("transient")))
+    acts = r.get("activations_included", True)
+    t.add_row("activations and temporaries", "", fmt_bytes(ph.get("transient")) if acts else "not replayed")
     t.add_row("communication buffers", "", fmt_bytes(ph.get("comm")))
     if r.get("mixed_copies"):
         t.add_row("of which fp32 master copy (in optimizer state)", "", fmt_bytes(r["mixed_copies"]))
-    t.add_row("allocated (peak, in the " + str(r.get("peak_phase")) + ")", fmt_bytes(sh["one_gpu"]["allocated"]),
-              fmt_bytes(r.get("allocated")))
+    label = f"allocated (peak, in the {r.get('peak_phase')})" if acts else "allocated (state and buffers only)"
+    t.add_row(label, fmt_bytes(sh["one_gpu"]["allocated"]), fmt_bytes(r.get("allocated")))
     t.add_row("device", fmt_bytes(sh["one_gpu"]["device"]), fmt_bytes(r.get("device")))
     console.print(t)
     comm = r.get("comm") or {}
