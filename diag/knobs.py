@@ -2,8 +2,9 @@
 
 A *knob* is a setting that changes how a run performs without changing what it computes (bf16
 autocast, TF32, DataLoader workers, pin_memory, torch.compile, a fused optimizer, the evaluation
-batch, ...). For each knob the table says when it applies, how a trial would apply it from outside
-the script (what ``diag try`` will do), and how the user writes it in plain PyTorch, under the Hugging
+batch, ...). For each knob the table says when it applies, how ``diag try`` applies it from outside
+the script (``mode``: "switch" between blocks of steps of one process, "restart" in runs of its own,
+"none" with the reason in ``outside``; docs/try.md), and how the user writes it in plain PyTorch, under the Hugging
 Face ``Trainer`` (``TrainingArguments``), Lightning (``Trainer(...)``, the ``*_dataloader`` hooks) and
 Accelerate (``Accelerator(...)``, ``accelerate config``).
 
@@ -478,7 +479,27 @@ _TRIALS: dict[str, tuple[str, str | None, str]] = {
     "log.interval": ("none", "N", "the logging interval is the script's or the framework's own setting"),
     "ddp.find-unused": ("none", None, "diag try runs one process; DDP settings need torchrun"),
 }
-_KNOBS = [replace(k, mode=_TRIALS[k.id][0], param=_TRIALS[k.id][1], outside=_TRIALS[k.id][2])
+# what diag/probe/knobapply.py does, exactly (the `trial` sentence of each knob it applies)
+_HOW = {
+    "amp.bf16": "torch.autocast(device, dtype=torch.bfloat16) entered as the outermost training forward "
+                "starts and left before the backward, so the loss is computed under it too (a script that "
+                "autocasts to fp16 itself gets bf16 for the model's forward only)",
+    "matmul.tf32": 'torch.set_float32_matmul_precision("high") during the knob\'s steps (CUDA, compute '
+                   'capability >= 8.0)',
+    "cudnn.benchmark": "torch.backends.cudnn.benchmark = True during the knob's steps (CUDA)",
+    "optim.set-to-none": "Optimizer.zero_grad and Module.zero_grad called with set_to_none=True during the "
+                         "knob's steps",
+    "debug.anomaly": "anomaly detection switched off at each step's start and back on at its end",
+    "dataloader.workers": "num_workers=N given to every DataLoader the script builds (DataLoader.__init__ "
+                          "patched for the run; IterableDataset loaders keep theirs)",
+    "dataloader.pin-memory": "pin_memory=True given to every DataLoader the script builds (CUDA)",
+    "dataloader.persistent-workers": "persistent_workers=True given to every DataLoader with workers",
+    "optim.fused": "fused=True given to each torch.optim optimizer the script builds (one that refuses it, "
+                   "e.g. parameters on an unsupported device, is built as the script asked)",
+    "compile": "Module.compile() on the outermost training model after its first training forward",
+}
+_KNOBS = [replace(k, mode=_TRIALS[k.id][0], param=_TRIALS[k.id][1], outside=_TRIALS[k.id][2],
+                  trial=_HOW.get(k.id, k.trial))
           if k.id in _TRIALS else replace(k, outside=k.outside or "no trial is defined for this knob")
           for k in _KNOBS]
 
