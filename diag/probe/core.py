@@ -48,6 +48,7 @@ from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, fi
                                wrappers_of)
 from diag.probe.sink import FileSink
 from diag.probe import children
+from diag.probe.budget import Budget
 from diag.probe.evalsteps import EvalWatch
 from diag.probe.stepmachine import Step as _Step
 from diag.probe.stepmachine import StepMachine
@@ -175,6 +176,14 @@ class Probe:
         self._evals = EvalWatch(self)
         self._close_ns = 0            # when the step being closed began to close (step_closed)
         self._finishing = False       # finish() runs: a step it closes does not stop the run
+        # the cost budget (diag.probe.budget): which steps the extensions' per-step extras run on
+        # (self.sampled); on while an extension that honours it is live (SAMPLED_EXTRAS)
+        self._budget: Budget | None = None
+        self._budget_exts: tuple = ()         # the class names whose time is the extras
+        self._budget_checked_n = -1           # len(extensions) when _budget_exts was last looked up
+        self._extras_ns = 0                   # the extras' cumulative time at the last step's accounting
+        self._last_core_s = 0.0               # the last accounted step's probe time, core and extras
+        self._last_extras_s = 0.0
 
     # ---- events ------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -1178,6 +1187,18 @@ class Probe:
         t_close = self._close_ns = _ns()
         self.depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
         self._seek_model = False
+        if self._budget_checked_n != self._ext_n:
+            self._budget_lookup()
+        b = self._budget
+        if b is not None:
+            # this step's sampling on its event; the next step's decided before the extensions' step-end
+            # work (which reads ctx.sampled as the next step's), from the last accounted step's costs
+            if not self.sampled:
+                ev["sampled"] = False
+            self.sampled = b.after_step(ev["total_s"], self._last_core_s, self._last_extras_s)
+            if b.changes:
+                for change in b.pop_changes():
+                    self.emit(E.PROBE_SAMPLING, **change)
         if self._ext_live.get("on_step_end", True):
             self._ext("on_step_end", ev)
         self._account_step(ev, step, t_close)
@@ -1194,6 +1215,26 @@ class Probe:
         self.own_ns += _ns() - t_close
         if self.max_steps is not None and step.index >= self.max_steps and not self._finishing:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
+
+    def _budget_lookup(self) -> None:
+        """Is an extension that honours ``ctx.sampled`` live (its class sets ``SAMPLED_EXTRAS``)? Then
+        the budget runs (made once, from ``DIAG_PROBE_BUDGET``); else every step is sampled and the
+        budget costs nothing."""
+        self._budget_checked_n = self._ext_n
+        names = tuple(type(e).__name__ for e in self._extensions if getattr(e, "SAMPLED_EXTRAS", False))
+        self._budget_exts = names
+        if not names:
+            if self._budget is not None:
+                self._budget = None
+                self.sampled = True
+            return
+        if self._budget is None:
+            b = Budget.from_env()
+            if b.error:
+                self.report_error("budget", ValueError(b.error))
+            if b.on:
+                self._budget = b
+                self._extras_ns = sum(self._ext_ns.get(n, 0) for n in names)
 
     def first_training(self) -> None:
         detect_framework(self)
@@ -1242,6 +1283,13 @@ class Probe:
         self._est_ns += est
         probe_ns += est
         ev["probe_s"] = int(probe_ns + 0.5) / 1e9    # rounded to the ns (see emit_dict)
+        if self._budget is not None:   # the split the budget is fed with at the next step's close
+            ext_ns = self._ext_ns
+            extras = sum(ext_ns.get(n, 0) for n in self._budget_exts)
+            d = extras - self._extras_ns
+            self._extras_ns = extras
+            self._last_extras_s = d / 1e9
+            self._last_core_s = max(probe_ns - d, 0) / 1e9
         if in_window:
             ev["probe_window"] = True
 
