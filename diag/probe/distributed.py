@@ -16,14 +16,25 @@ Records into the rank section ``distributed`` (see docs/distributed.md for the s
       DDP's own ``finalize_backward`` callback; no comm hook is registered, so the user's own
       ``register_comm_hook`` keeps working);
     * DDP's buffer broadcast before forward (``broadcast_buffers=True`` with buffers, e.g. BatchNorm);
-    * collectives the script calls itself (``dist.all_reduce(loss)`` for logging, ``barrier()``, ...);
+    * every collective called through ``torch.distributed``: the script's own (``dist.all_reduce(loss)``
+      for logging, ``barrier()``, ...) and the frameworks' (FSDP2's ``all_gather_single`` /
+      ``reduce_scatter_single``, FSDP1's, DeepSpeed ZeRO's ``all_gather_into_tensor`` /
+      ``reduce_scatter_tensor``); an asynchronous one (``async_op=True``) for its launch and its
+      ``work.wait()`` (``Work.wait`` patched once one was seen), its time in flight before the wait
+      kept apart (``comm_in_flight_s``: what could overlap the step's own work);
+  per kind (all_gather, reduce_scatter, all_reduce, broadcast, barrier, all_to_all) ``extra.comm``:
+  ``[calls, exposed seconds, bytes]``; on CUDA, on sampled steps, CUDA events on the current stream
+  around each collective on a CUDA tensor, each ``work.wait()`` and FSDP2's ``wait_for_unshard``: the
+  compute stream's stall, resolved a step later into ``distributed.comm_device``;
+- a sharded model's configuration (``distributed.fsdp``: FSDP2 units, FSDP1 options, a DeepSpeed
+  engine's ZeRO settings; diag/probe/fsdp.py);
   and ``ddp_sync`` / ``ddp_no_sync``: training forwards of a DDP model with gradient
   synchronisation on / off (inside ``no_sync()``), for the gradient-accumulation check;
 - per-rank memory: peak CUDA memory allocated/reserved on this rank's device (when CUDA is in
   use) and the process's peak resident host memory.
 
 Cheap on the hot path: a few ``perf_counter`` calls per step, one ``getrusage`` per step, one event
-every ``MEMORY_EVERY`` steps. Inactive (no patches, nothing recorded) in a single-process run that
+every ``MEMORY_EVERY`` steps; a collective costs about 3 us more (its wrapper), only when called. Inactive (no patches, nothing recorded) in a single-process run that
 never initialises torch.distributed nor wraps a model in DDP.
 """
 from __future__ import annotations
@@ -461,7 +472,12 @@ class DistributedProbe:
             return
         if not dist.is_available():
             return
-        ext = self
+        try:   # CUDA events only where CUDA can be used (cheap: no CUDA initialisation)
+            import torch
+
+            self._device_on = bool(torch.cuda.is_available())
+        except Exception:
+            self._device_on = False
         for name in COLLECTIVES:
             orig = getattr(dist, name, None)
             if orig is None or not callable(orig):
