@@ -64,7 +64,8 @@ def add_run_arguments(p: argparse.ArgumentParser, script_required: bool = False,
                    help="stop the script after this many seconds (default: no limit)")
     g.add_argument("--run-dir", metavar="DIR",
                    help="where to write evidence.json, log.txt and the report "
-                        "(default: .diag/runs/<timestamp-id>/)")
+                        "(default: .diag/runs/<timestamp-id>/; as a task of a Slurm step: the job's shared "
+                        "directory, default $SLURM_SUBMIT_DIR/.diag/runs/slurm-<job>.<step>/)")
     if gpus:
         g.add_argument("--simulate-gpus", type=gpu_scenario, metavar="SCENARIO",
                        help="use simulated GPUs instead of NVML (also DIAG_SIMULATE_GPUS); every report then "

@@ -22,6 +22,10 @@ examples:
   diag check --from .diag/runs/<id> --format json --html report.html   JSON on stdout, HTML to a file
   diag check --script train.py --select dataloader --ignore dataloader.pin-memory
   diag check --script train.py --steps 200 --baseline base.json   judge, and compare with a baseline
+  srun diag check --script train.py --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500
+                                        Slurm, one task per node: one shared job directory, one report by
+                                        the last task to finish (docs/distributed.md, "Under Slurm")
+  srun --ntasks-per-node=8 diag check --script train.py   Slurm, one task per rank (no torchrun)
 
 exit codes: 0 nothing at or above --fail-on · 1 findings at or above it · 2 usage or bad input
             3 the script failed (traceback shown, findings still reported) · 130 interrupted

@@ -228,7 +228,7 @@ def rank_figures(base: dict, strategy: str, world: int, batch: int, *, gpus_per_
         # DeepSpeed's 16-bit modes: 2-byte weights and gradients, an fp32 master copy in the optimizer
         master = 4.0 * psi
         o_full = o_full + master
-        mixed_copies = master
+        mixed_copies = _div(master, divisors(strategy, world, gpus_per_node)["optimizer_state"])
         p_full, g_full = 2.0 * psi + max(0.0, p_full - elem * psi), 2.0 * psi
         elem = 2.0
     cdt = 2.0 if mixed in ("bf16", "fp16") else elem       # the dtype the collectives move
@@ -336,7 +336,7 @@ def make_sharded_plan(base: dict, strategy: str, world: int | None, batch: int, 
         "unit_params": int(unit_params or base["psi"]), "unit_source": unit_source,
         "psi": int(base["psi"]), "unsharded": {"params": int(base["params"]), "grads": int(base["grads"]),
                                                "optimizer_state": int(base["optimizer_state"])},
-        "rank": rank, "one_gpu": {"device": single["device"], "allocated": single["allocated"]},
+        "rank": rank, "one_gpu": {"device": single["device"], "allocated": single["allocated"], "state": single["state"]},
         "capacity": capacity, "headroom": headroom, "usable": usable, "fits": None, "max_batch": None,
         "world_needed": needed, "world_needed_reason": needed_reason,
         "fits_one_gpu": (single["device"] <= usable) if usable is not None else None,

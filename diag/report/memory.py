@@ -145,9 +145,10 @@ def render_sharded(sh: dict | None, console) -> None:
     t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", title="per rank", title_justify="left")
     for col in ("", "unsharded", "per rank"):
         t.add_column(col, justify="right" if col else "left")
-    un = sh.get("unsharded") or {}
-    for key, label in (("params", "parameters"), ("grads", "gradients"), ("optimizer_state", "optimizer state")):
-        t.add_row(label, fmt_bytes(un.get(key)), fmt_bytes((r.get("state") or {}).get(label.replace(" ", "_"))))
+    un = (sh.get("one_gpu") or {}).get("state") or {}     # one replica, in the plan's precision
+    for label in ("parameters", "gradients", "optimizer state"):
+        key = label.replace(" ", "_")
+        t.add_row(label, fmt_bytes(un.get(key)), fmt_bytes((r.get("state") or {}).get(key)))
     ph = (r.get("phases") or {}).get(r.get("peak_phase")) or {}
     acts = r.get("activations_included", True)
     t.add_row("activations and temporaries", "", fmt_bytes(ph.get("transient")) if acts else "not replayed")
