@@ -84,8 +84,9 @@ def rank_phases(r, skip_warmup: int = 1, device: bool = False) -> dict | None:
        needs=["ranks.steps", "ranks.host", "ranks.distributed.comm"], tags=["distributed", "performance"],
        docs=DOCS)
 def straggler(ctx):
-    """Under DDP every rank waits for the slowest one in the gradient all-reduce, so the step totals
-    come out equal: the straggler shows in the phases *before* the collective. For each rank and
+    """Under DDP every rank waits for the slowest one in the gradient all-reduce (under FSDP in each
+    unit's all-gather and reduce-scatter), so the step totals come out equal: the straggler shows in
+    its own phases, the waiting having been taken out of the others' (``comm_wait_s``). For each rank and
     phase (data wait, forward, backward, optimizer step, other work) the median over the timed
     steps is compared with the median of the other ranks. A rank is a straggler when a phase is at
     least 25% longer there and the difference is >= 10% of the median step time (warning) or >= 20%

@@ -418,3 +418,35 @@ def test_exposed_comm_under_accelerate_speaks_its_fsdp_plugin():
     (f,) = run_check("sharded.exposed-comm", ev)
     assert f.evidence["knob"] == "fsdp.unit-size" and f.evidence["framework"] == "accelerate"
     assert "fsdp_transformer_layer_cls_to_wrap" in f.snippet
+
+
+def test_fsdp1_configuration_is_recorded(tmp_path, monkeypatch):
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import BackwardPrefetch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    import diag
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "sharded-test")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1))
+        model = FSDP(inner, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=torch.device("cpu"),
+                     backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with diag.watch() as run:
+            for _ in range(3):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    f = run.evidence.primary.distributed["fsdp"]
+    assert f["api"] == "fsdp1" and f["units"] == 4                 # the wrapper and its 3 Linears
+    assert f["backward_prefetch"] == "BACKWARD_POST" and f["forward_prefetch"] is True
+    assert f["limit_all_gathers"] is True and f["cpu_offload"] is False and f["mixed_precision"] is None
+    assert f["sharding_strategy"] == "NO_SHARD"                    # what FSDP1 makes of one rank
+    assert f["params"] == 8 * 8 + 8 + 8 * 8 + 8 + 8 + 1
