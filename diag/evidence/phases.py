@@ -74,6 +74,7 @@ WARMUP_SHARE = 0.1      # the warm-up is at most the first 10% of a run's timed 
 WARMUP_MIN = 1          # ... and at least one (the first step) ...
 WARMUP_MAX = 20         # ... and at most 20
 MIN_STEADY = 3          # steps that must remain for any to be dropped as warm-up
+REFERENCE = 200         # the steady level a warm-up step is compared with: the steps after the cap, this many at most
 
 R = TypeVar("R")
 
@@ -99,22 +100,32 @@ def is_sampled(rec: Any) -> bool:
     return _get(rec, "sampled", True) is not False
 
 
-def _ordinals(timed: Sequence[Any], instrumented_before: Sequence[int]) -> list[int]:
-    """Each timed record's place among the run's timed steps (1-based): its index less the
-    instrumented steps before it. Records without usable indices (0, repeated, out of order: made by
-    hand) count by position."""
-    idx = [_get(s, "index") for s in timed]
-    ok = all(isinstance(i, int) and not isinstance(i, bool) and i >= 1 for i in idx) and \
-        all(a < b for a, b in zip(idx, idx[1:]))
-    if not ok:
-        return list(range(1, len(timed) + 1))
-    inst = sorted(instrumented_before)
+def _ordinals(timed: Sequence[Any], instrumented: Sequence[int], limit: int) -> tuple[list[int], int]:
+    """The place among the run's timed steps (1-based) of the first ``limit`` timed records (its
+    index less the instrumented steps before it), and the run's timed steps so far (the last
+    record's place). Records without usable indices (0, repeated, out of order: made by hand) count
+    by position. Only the first records matter to the warm-up: the rest are not looked at."""
+    head = [s.get("index") if isinstance(s, dict) else getattr(s, "index", None) for s in timed[:limit]]
+    last = timed[-1].get("index") if isinstance(timed[-1], dict) else getattr(timed[-1], "index", None)
+    prev = 0
+    ok = True
+    for i in head:
+        if type(i) is not int or i <= prev:
+            ok = False
+            break
+        prev = i
+    if not ok or type(last) is not int or last < prev:
+        return list(range(1, len(head) + 1)), len(timed)
+    ints: list[int] = [i for i in head if type(i) is int]
+    if not instrumented:
+        return ints, max(last, len(timed))
+    inst = sorted(instrumented)
     out, j = [], 0
-    for i in idx:
+    for i in ints:
         while j < len(inst) and inst[j] < i:
             j += 1
         out.append(i - j)
-    return out
+    return out, max(last - sum(1 for x in inst if x < last), len(timed))
 
 
 def _slow_line(totals: list[float]) -> float:
@@ -133,20 +144,24 @@ def _median(v: list[float]) -> float:
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
-def warmup_of(timed: Sequence[Any], ordinals: Sequence[int]) -> int:
-    """The run's warm-up, in timed steps (``ordinals``: each record's place among the run's timed
-    steps): the first step, then up to :func:`warmup_count` steps as long as one of them is still
-    slow (above :func:`_slow_line` of the steps after them): the last slow one among the first
-    ``warmup_count`` steps ends the warm-up. 0 when too few steps remain to drop any."""
-    cap = warmup_count(max(ordinals[-1], len(timed)) if timed else 0)
-    if cap == 0:
+def warmup_of(timed: Sequence[Any], ordinals: Sequence[int], n: int | None = None) -> int:
+    """The run's warm-up, in timed steps (``ordinals``: the place of the first records among the
+    run's timed steps; ``n``: the run's timed steps so far): the first step, then up to
+    :func:`warmup_count` steps as long as one of them is still slow (above :func:`_slow_line` of the
+    steps after them): the last slow one among the first ``warmup_count`` steps ends the warm-up. 0
+    when too few steps remain to drop any."""
+    if not timed or not ordinals:
         return 0
+    cap = warmup_count(max(ordinals[-1], len(timed)) if n is None else n)
+    if cap == 0 or ordinals[0] > cap:
+        return cap and 1      # (a list that starts after the warm-up: nothing of it to drop)
 
     def total(s: Any) -> float:
         v = _get(s, "total_s")
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
-    after = [total(s) for s, o in zip(timed, ordinals) if o > cap]
+    # the steady level: the steps right after the warm-up's cap (at most REFERENCE of them)
+    after = [total(s) for s, o in zip(timed, ordinals) if cap < o <= cap + REFERENCE]
     if len(after) < MIN_STEADY:
         after = [total(s) for s, o in zip(timed, ordinals) if o >= 2]
     line = _slow_line(after)
@@ -164,21 +179,42 @@ def steady_steps(records: Iterable[R], warmup: int | None = None, sampled: bool 
     then, with ``sampled``, the steps the probe did not sample. ``instrumented``: more step indices
     to treat as instrumented (records that do not carry the flag, e.g. the device timeline's)."""
     extra = set(instrumented)
-    all_recs = list(records)
-    inst_idx = [_get(s, "index") for s in all_recs if _get(s, "instrumented") or _get(s, "index") in extra]
-    timed = [s for s in all_recs if not _get(s, "instrumented") and _get(s, "index") not in extra]
+    timed, inst_idx = [], []
+    recs: list[Any] = records if isinstance(records, list) else list(records)
+    if recs and not extra and not isinstance(recs[0], dict) and hasattr(recs[0], "instrumented"):
+        # StepRecord / EvalStepRecord (every reader's common case: a rank's 2,000 kept steps)
+        timed = [s for s in recs if not s.instrumented]
+        if len(timed) < len(recs):
+            inst_idx = [s.index for s in recs if s.instrumented and isinstance(s.index, int)]
+        recs = []
+    for s in recs:
+        if isinstance(s, dict):
+            flagged, i = s.get("instrumented"), s.get("index")
+        else:
+            flagged, i = getattr(s, "instrumented", False), getattr(s, "index", None)
+        if flagged or (extra and i in extra):
+            if isinstance(i, int):
+                inst_idx.append(i)
+        else:
+            timed.append(s)
     if not timed:
         return []
-    ords = _ordinals(timed, [i for i in inst_idx if isinstance(i, int)])
     if warmup is None:
-        w = warmup_of(timed, ords)
+        ords, n = _ordinals(timed, inst_idx, WARMUP_MAX + REFERENCE + 1)
+        w = warmup_of(timed, ords, n)
     else:               # an explicit count: all or nothing, as before (3 must remain)
         w = max(int(warmup), 0)
         if len(timed) < w + MIN_STEADY:
             w = 0
-    out = [s for s, o in zip(timed, ords) if o > w] if w else timed
+        ords = _ordinals(timed, inst_idx, w + 1)[0] if w else []
+    # places increase along the list: the warm-up is a prefix of it
+    k = 0
+    while k < len(ords) and ords[k] <= w:
+        k += 1
+    out = timed[k:] if k else timed
     if sampled:
-        out = [s for s in out if is_sampled(s)]
+        out = [s for s in out if (s.get("sampled", True) if isinstance(s, dict) else getattr(s, "sampled", True))
+               is not False]
     return out
 
 
