@@ -43,6 +43,7 @@ from diag.errors import DiagError
 
 PORT_BASE = 20000
 PORT_SPAN = 20000
+SPECIAL_STEPS = 0xFFFFFFF0     # Slurm's batch (0xFFFFFFFE), extern (0xFFFFFFFD) and other reserved step ids
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,6 +195,8 @@ def detect(environ=None) -> SlurmStep | None:
     step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
     if not job or step in (None, "") or environ.get("SLURM_PROCID") in (None, ""):
         return None
+    if not str(step).isdigit() or int(step) >= SPECIAL_STEPS:
+        return None      # the batch script ("batch", 4294967294) or the extern step: not an srun step
     ntasks = _int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") or 1
     if ntasks <= 1:
         return None
@@ -280,17 +283,14 @@ class JobDir:
 
     def mark_done(self, status: str) -> None:
         rec = {"procid": self.step.procid, "host": socket.gethostname(), "status": status, "time": time.time(),
-               "run_dir": f"part-{self.step.procid}"}
+               "run_dir": f"part-{self.step.procid}", "key": self.step.key}
         _atomic_write(self.path / "parts" / f"{self.step.procid}.done", json.dumps(rec), "")
 
     def done_parts(self) -> list[int]:
-        out = []
-        for p in (self.path / "parts").glob("*.done"):
-            try:
-                out.append(int(p.stem))
-            except ValueError:
-                continue
-        return sorted(out)
+        """The tasks of this step whose run has ended (a marker left by another job in a reused
+        directory does not count)."""
+        return sorted(k for k, rec in _markers(self.path).items()
+                      if rec.get("key") in (None, self.step.key) and k < self.step.ntasks)
 
     def claim(self) -> bool:
         """True for exactly one caller: the one whose O_EXCL create of the claim file succeeds."""
@@ -310,6 +310,19 @@ def _atomic_write(path: Path, text: str, suffix: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _markers(path: Path) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for p in (Path(path) / "parts").glob("*.done"):
+        if not p.stem.isdigit():
+            continue
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            rec = {}
+        out[int(p.stem)] = rec if isinstance(rec, dict) else {}
+    return out
 
 
 def read_job(path) -> dict:
@@ -340,11 +353,10 @@ def merge_dir(path, *, partial: bool = False):
         raise DiagError(f"{str(path)!r} holds no task's evidence yet: no part-*/evidence.json "
                         f"(expected {job.get('expected', '?')} parts)")
     expected = int(job.get("expected") or len(parts))
-    have = {int(p.name[5:]) for p in parts if p.name[5:].isdigit()}
-    done = set()
-    for p in (d / "parts").glob("*.done"):
-        if p.stem.isdigit():
-            done.add(int(p.stem))
+    parts = [p for p in parts if p.name[5:].isdigit() and int(p.name[5:]) < expected]   # not an older job's
+    have = {int(p.name[5:]) for p in parts}
+    key = job.get("key")
+    done = {k for k, rec in _markers(d).items() if rec.get("key") in (None, key)}
     missing = sorted(set(range(expected)) - have)
     unfinished = sorted(have - done) if (d / "parts").is_dir() else []
     if (missing or unfinished) and not partial:
@@ -358,6 +370,8 @@ def merge_dir(path, *, partial: bool = False):
             what.append("still running or killed before the end: " + _parts_text(unfinished, step))
         raise DiagError(f"the job in {str(path)!r} is incomplete ({'; '.join(what)})",
                         hint=f"diag merge {path} --partial judges the parts that are there")
+    if not parts:
+        raise DiagError(f"{str(path)!r} holds no evidence of this job's {expected} tasks (part-0 to part-{expected - 1})")
     evs = [load_evidence(str(p / "evidence.json")) for p in parts]
     merged = merge_evidence(evs, sources=[p.name for p in parts]) if len(evs) > 1 else evs[0]
     if partial and (missing or unfinished):

@@ -61,6 +61,8 @@ def test_detect_reads_the_step_and_leaves_other_contexts_alone():
     assert (step.procid, step.localid, step.ntasks, step.nodes) == (3, 1, 4, ["node07", "node08"])
     assert step.node_of(0) == "node07" and step.node_of(3) == "node08"
     assert detect(_env(SLURM_STEP_ID=None)) is None          # the batch script itself, not an srun step
+    assert detect(_env(SLURM_STEP_ID="batch")) is None
+    assert detect(_env(SLURM_STEP_ID=str(0xFFFFFFFE))) is None   # the batch step's numeric id
     assert detect(_env(SLURM_NTASKS=1)) is None              # one task: nothing to merge
     assert detect({}) is None
     assert detect(_env(DIAG_SLURM="0")) is None
@@ -101,6 +103,14 @@ def test_exactly_one_task_claims_the_merge(tmp_path):
         t.join()
     assert sorted(wins) == [False] * 7 + [True]
     assert jobs[0].done_parts() == list(range(8))
+    # the same directory reused by another job: the old markers do not count as its tasks being done
+    other = JobDir(tmp_path, SlurmStep("10", "0", 1, 0, 2, 1, 0), "one task per rank")
+    other.prepare()
+    assert not (tmp_path / "parts" / "1.done").exists()     # task 1 removed its own stale marker
+    assert (tmp_path / "parts" / "0.done").exists()         # task 0's is still there (job 9's)...
+    assert other.done_parts() == []                          # ...and does not count for job 10
+    other.mark_done("completed")
+    assert other.done_parts() == [1]
 
 
 # ---- simulated jobs -----------------------------------------------------------------------------------

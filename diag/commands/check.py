@@ -290,8 +290,9 @@ def run(args) -> int:
     evidence, findings = execute(args)
     part = getattr(args, "_slurm_part", None)
     if part:    # a Slurm task that is not the last to finish: one line, no report
-        sys.stdout.write(f"diag: {part}\n")
-        sys.stdout.flush()
+        out = sys.stdout if args.format == "text" else sys.stderr    # machine formats: stdout is data only
+        out.write(f"diag: {part}\n")
+        out.flush()
         if getattr(args, "_disk_error", None):
             raise DiagError(args._disk_error)
         return ExitCode.SCRIPT_FAILED if evidence.run.status in ("failed", "oom", "killed") else ExitCode.OK
