@@ -7,7 +7,7 @@ recorded (``distributed.comm_device``), and FSDP's configuration (``distributed.
 docs/distributed.md."""
 from __future__ import annotations
 
-from diag.checks.api import check, knob_words, median, run_framework, Severity
+from diag.checks.api import check, fmt_bytes, knob_words, median, run_framework, Severity
 
 from ._perf import cap_str, capability
 from ._util import gib, ms, pct
@@ -162,8 +162,8 @@ def _causes(cfg: dict | None, kinds: dict, on_gpu: bool, backend: str | None) ->
                                    "    a.set_modules_to_forward_prefetch([b])\n    b.set_modules_to_backward_prefetch([a])"})
     if mean >= SMALL_MESSAGE:
         bw = _gbps(moved, ag.get("s", 0.0) + rs.get("s", 0.0))
-        out.append({"cause": "bandwidth", "text": f"large messages ({gib(mean)} on average) moved at "
-                    f"{bw:.1f} GB/s while exposed" if bw else f"large messages ({gib(mean)} on average)",
+        out.append({"cause": "bandwidth", "text": f"large messages ({fmt_bytes(mean)} on average) moved at "
+                    f"{bw:.1f} GB/s while exposed" if bw else f"large messages ({fmt_bytes(mean)} on average)",
                     "fix": "If that rate is below your interconnect's (NVLink hundreds of GB/s, InfiniBand 25-50 GB/s, "
                            "Ethernet 1-10 GB/s), check NCCL's transport (NCCL_DEBUG=INFO: NET/IB, not Socket); "
                            "a MixedPrecisionPolicy with bf16 params halves the bytes.", "snippet": None})
@@ -225,7 +225,7 @@ def exposed_comm(ctx):
                "exposed_by_kind_s": by_kind, "backend": backend,
                "calls_per_step": {k: round(v["calls"], 1) for k, v in kinds.items()},
                "bytes_per_step": {k: int(v["bytes"]) for k, v in kinds.items()}}
-    detail = ", ".join(f"{KIND_NAMES.get(k, k)} {ms(v['s'])} ({v['calls']:.0f} calls, {gib(v['bytes'])})"
+    detail = ", ".join(f"{KIND_NAMES.get(k, k)} {ms(v['s'])} ({v['calls']:.0f} calls, {fmt_bytes(v['bytes'])})"
                        for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["s"]) if v["calls"])
     late = floor_rank
     skewed = len(per) > 1 and skew / step >= SKEW_INFO
