@@ -11,10 +11,17 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from conftest import SCRIPTS, run_diag
 
-from conftest import REPO, SCRIPTS, run_diag
-from diag.memory.sharded import (STRATEGIES, base_from_estimate, divisors, infer_sharding, largest_unit,
-                                 make_sharded_plan, normalise_strategy, rank_figures)
+from diag.memory.sharded import (
+    STRATEGIES,
+    divisors,
+    infer_sharding,
+    largest_unit,
+    make_sharded_plan,
+    normalise_strategy,
+    rank_figures,
+)
 
 TWIN = str(SCRIPTS / "memory_fsdp_twin.py")
 GB = 1e9

@@ -14,11 +14,10 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SCRIPTS, run_diag
+
 from diag.errors import DiagError
-from diag.slurm import (JobDir, SlurmStep, detect, merge_dir, parse_nodelist, parse_tasks_per_node,
-                        rank_env)
+from diag.slurm import JobDir, SlurmStep, detect, parse_nodelist, parse_tasks_per_node, rank_env
 
 TRAIN = str(SCRIPTS / "dist_train.py")
 

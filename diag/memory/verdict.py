@@ -75,8 +75,13 @@ def _build(ev, target: dict | None) -> dict[str, Any]:
 def add_sharded(plan: dict, ev, shard: dict | None) -> None:
     """Add ``plan["sharded"]``: the plan of one rank of a sharded job (asked with ``shard``, or inferred
     from a run that was sharded). A plan that cannot be made says why (status ``skipped``)."""
-    from diag.memory.sharded import (base_from_estimate, base_from_record, infer_sharding, largest_unit,
-                                     make_sharded_plan)
+    from diag.memory.sharded import (
+        base_from_estimate,
+        base_from_record,
+        infer_sharding,
+        largest_unit,
+        make_sharded_plan,
+    )
 
     inferred = infer_sharding(ev) if ev.ranks else None
     if shard is None:
