@@ -100,6 +100,7 @@ CASES = [
     Case("corpus/gcn_full_graph.py"),
     Case("corpus/reinforce.py"),
     Case("corpus/ddp_tutorial.py", nproc=2),
+    Case("corpus/fsdp_train.py", ("--api", "fsdp2", "--steps", "8"), nproc=2),
     Case("corpus/generate_after_train.py"),
     Case("corpus/hf_trainer.py", slow=True, timeout=400),
     Case("corpus/lightning_fit.py", slow=True, timeout=400),

@@ -147,6 +147,8 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         steps += 1
+        if rank == 0 and steps % 4 == 0:
+            print(f"step {steps} loss {loss.item():.6f}", flush=True)
     report(steps=steps, world_size=world, units=units, api=args.api,
            forward_units_last_step=gathers[0] if args.api == "fsdp2" else None)
     dist.destroy_process_group()
