@@ -59,6 +59,9 @@ def add_arguments(p) -> None:
     g.add_argument("--source-root", metavar="DIR",
                    help="SARIF: paths are made relative to DIR (default: the git checkout holding the "
                         "script, else its directory)")
+    p.add_argument("--try", dest="try_", action="store_true",
+                   help="then measure the fix of each finding that is a knob (diag try, docs/try.md): its "
+                        "message gets the measured speed-up with its 95%% interval (runs the script again)")
     b = p.add_argument_group("comparing with a baseline (diag compare; docs/ci.md)")
     b.add_argument("--baseline", metavar="FILE",
                    help="compare this run with a saved one (JSON report, evidence.json or run directory)")
@@ -296,6 +299,8 @@ def run(args) -> int:
         if getattr(args, "_disk_error", None):
             raise DiagError(args._disk_error)
         return ExitCode.SCRIPT_FAILED if evidence.run.status in ("failed", "oom", "killed") else ExitCode.OK
+    if getattr(args, "try_", False):
+        _measure(args, evidence, findings)
     code = exit_code_for(evidence, findings, args.fail_on)
     comparison = None
     if baseline is not None:
@@ -307,6 +312,20 @@ def run(args) -> int:
     if disk:   # the report above holds what was observed; say why the run ended, last, in one sentence
         raise DiagError(disk)
     return code
+
+
+def _measure(args, evidence, findings) -> None:
+    """--try: each finding that is a knob gets its measured effect (diag/trial/annotate.py)."""
+    if args.from_ or not args.script:
+        raise DiagError("--try runs the script again with each fix applied: give --script, not --from",
+                        hint="diag try --from EVIDENCE --script train.py takes the knobs from a saved run")
+    if evidence.run.status in ("failed", "oom", "killed", "interrupted"):
+        sys.stderr.write("diag: --try skipped: the script did not finish its run on its own\n")
+        return
+    from diag.trial.annotate import annotate
+
+    annotate(evidence, findings, evidence.run.script or args.script, list(getattr(args, "script_args", []) or []),
+             steps=args.steps, progress=lambda s: (sys.stderr.write(f"diag try: {s}\n"), sys.stderr.flush()))
 
 
 def _compare(args, baseline, evidence, findings, code, thresholds):

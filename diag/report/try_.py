@@ -49,11 +49,12 @@ def fixes(data: dict) -> list[tuple[str, str, str | None]]:
         if t.get("verdict") != "faster" or t.get("kind") == "combined":
             continue
         for spec in t.get("knobs") or []:
-            kid, _, val = spec.partition("=")
+            kid, _, val = spec.strip().partition("=")
             if kid not in KNOBS or kid in seen:
                 continue
             seen.add(kid)
-            values: dict[str, Any] = {"cls": "AdamW", "better": "fused=True", "dtype": "bfloat16"}
+            values: dict[str, Any] = {"cls": "AdamW", "better": "fused=True", "dtype": "bfloat16",
+                                      **(data.get("values") or {})}
             if val:
                 values["n"] = val
             fix, snippet, _lever = words(kid, fw, **values)

@@ -51,6 +51,8 @@ class TryConfig:
     block: int = DEFAULT_BLOCK
     root: str = ".diag/try"
     progress: Callable[[str], None] | None = None
+    evidence: Any = None                     # a run already judged (diag check --try): no first run
+    findings: list | None = None             # its findings
 
 
 @dataclass
@@ -83,13 +85,14 @@ class TryResult:
     runs: list[dict[str, Any]] = field(default_factory=list)          # label, run_dir, wall_s, status
     directory: str = ""
     interrupted: bool = False
+    values: dict[str, Any] = field(default_factory=dict)   # for the fix texts: batch_size of the training loader
 
     def to_dict(self) -> dict[str, Any]:
         return {"tool": "diag try", "script": self.script, "framework": self.framework, "device": self.device,
                 "baseline": self.baseline, "trials": [t.to_dict() for t in self.trials],
                 "not_tried": self.not_tried, "summary": self.summary, "notes": self.notes,
                 "elapsed_s": round(self.elapsed_s, 3), "budget_s": self.budget_s, "runs": self.runs,
-                "directory": self.directory, "interrupted": self.interrupted}
+                "directory": self.directory, "interrupted": self.interrupted, "values": self.values}
 
 
 class Engine:
@@ -160,7 +163,9 @@ class Engine:
         steps = cfg.steps or DEFAULT_STEPS
         res = self.result
         first: RunOut | None = None
-        if cfg.from_evidence:
+        if cfg.evidence is not None:
+            evidence = cfg.evidence
+        elif cfg.from_evidence:
             from diag.commands.check import load_from
 
             evidence = load_from(cfg.from_evidence)
@@ -181,12 +186,21 @@ class Engine:
         fw = getattr(getattr(rank, "framework", None), "name", None) if rank else None
         res.framework = fw or None
         res.device = _device(rank)
+        try:
+            loader = rank.training_loader() if rank is not None else None
+            if loader is not None and loader.batch_size:
+                res.values["batch_size"] = loader.batch_size
+            opts = [o for o in (rank.optimizers or []) if getattr(o, "cls", "")] if rank is not None else []
+            if opts:
+                res.values["cls"] = opts[0].cls
+        except Exception:
+            pass
         if cfg.knobs:
             picks = P.from_specs(cfg.knobs)
         else:
             from diag.registry import Registry
 
-            findings = Registry.discover().run(evidence)
+            findings = cfg.findings if cfg.findings is not None else Registry.discover().run(evidence)
             picks = P.from_findings(findings)
             if not picks:
                 res.notes.append("no finding at warning level or above points to a knob; name knobs with "
@@ -243,8 +257,8 @@ class Engine:
         for arm in arms[1:]:
             ids = arm.split("+")
             t = J.Trial(knob=arm.replace("+", " + "), kind=kind, knobs=ids)
-            na = [f"{k}: {out.knob_status.get(k, {}).get('not_applicable')}" for k in ids
-                  if (out.knob_status.get(k) or {}).get("not_applicable")]
+            na = [f"{k}: {out.knob_status[k.split('=')[0]]['not_applicable']}" for k in ids
+                  if (out.knob_status.get(k.split("=")[0]) or {}).get("not_applicable")]
             t.applied = _applied(out.knob_status, ids)
             if out.status in ("failed", "oom", "killed") and out.error:
                 J.judge(t, base, sides.get(arm) or J.Side())
@@ -272,7 +286,7 @@ class Engine:
                 runs[p.spec].append(self.run(f"{p.spec} (round {r + 1})", fixed=[p.spec], steps=steps))
         base = _restart_side(baseline_runs, False)
         for p in picks:
-            res.trials.append(self._restart_trial(p.spec, "restart", [p.knob], base, runs[p.spec]))
+            res.trials.append(self._restart_trial(p.spec, "restart", [p.spec], base, runs[p.spec]))
 
     def _restart_trial(self, name: str, kind: str, ids: list[str], base: J.Side, runs: list[RunOut]) -> J.Trial:
         t = J.Trial(knob=name, kind=kind, knobs=ids)
@@ -290,7 +304,8 @@ class Engine:
         if bad:
             return J.failed(t, f"the script failed with the knob on: {bad[0].error or bad[0].status}"
                             + (f" (log: {bad[0].run_dir}/log.txt)" if bad[0].run_dir else ""))
-        na = [f"{k}: {status[k]['not_applicable']}" for k in ids if (status.get(k) or {}).get("not_applicable")
+        keys = [k.split("=")[0] for k in ids]
+        na = [f"{k}: {status[k]['not_applicable']}" for k in keys if (status.get(k) or {}).get("not_applicable")
               and not status[k]["applied"]]
         if na and len(na) == len(ids):
             t.verdict, t.why = "not applicable", "; ".join(na)
@@ -329,8 +344,7 @@ class Engine:
         for r in range(rounds):
             base_runs.append(self.run(f"baseline (combined, round {r + 1})", fixed=[], steps=steps))
             combo.append(self.run(f"combined (round {r + 1})", fixed=specs, steps=steps))
-        ids = [s.split("=")[0] for s in specs]
-        res.trials.append(self._restart_trial(name, "combined", ids, _restart_side(base_runs, False), combo))
+        res.trials.append(self._restart_trial(name, "combined", list(specs), _restart_side(base_runs, False), combo))
 
 
 # ---- the budget -----------------------------------------------------------------------------------
