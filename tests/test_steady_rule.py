@@ -7,9 +7,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from diag.evidence import EvalStepRecord, Evidence, RankEvidence, StepRecord
 from diag.evidence import phases as ph
 from diag.fold import fold
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,3 +135,22 @@ def test_readers_do_not_spell_the_phases_again():
                "diag/evidence/rank.py", "diag/timeline.py"]
     hits = [h for p in readers for h in _literal_tuples(ROOT / p)]
     assert not hits, "phase tuples spelled outside diag/evidence/phases.py:\n" + "\n".join(hits)
+
+
+def test_the_probes_own_cost_under_sampling_is_what_the_run_paid_per_step():
+    """An unsampled step is the typical one; the sampled steps' extras are spread over every step (the
+    median alone would hide them, the mean would be the sampled steps' outliers too)."""
+    from diag.evidence.probe import summarize
+
+    steps = []
+    for i in range(1, 201):
+        sampled = i <= 10 or (i - 10) % 8 == 0
+        steps.append(StepRecord(index=i, total_s=0.010, probe_s=3e-4 if sampled else 1e-4, sampled=sampled))
+    s = summarize(steps)
+    frac = sum(1 for x in steps[5:] if x.sampled) / 195
+    assert s["sampled_share"] == pytest.approx(frac)
+    assert s["median_probe_s"] == pytest.approx(1e-4 + frac * 2e-4)
+    assert s["median_step_share"] == pytest.approx((1e-4 + frac * 2e-4) / 0.010)
+    # every step sampled (older evidence): the plain medians, as before
+    full = summarize([StepRecord(index=i, total_s=0.010, probe_s=3e-4) for i in range(1, 50)])
+    assert full["median_probe_s"] == pytest.approx(3e-4) and "sampled_share" not in full

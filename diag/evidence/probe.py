@@ -47,15 +47,22 @@ def step_shares(steps: Iterable[Any]) -> tuple[list[float], list[float], list[fl
     figure)."""
     own, total, share = [], [], []
     for s in steps:
-        p = _get(s, "probe_s")
-        t = _get(s, "total_s") or 0.0
-        i = _get(s, "index")
-        if p is None or _get(s, "instrumented") or t <= 0 or (i is not None and i <= PROBE_WARMUP):
+        if not _counted(s):
             continue
+        p = _get(s, "probe_s")
+        t = _get(s, "total_s")
         own.append(float(p))
         total.append(float(t))
         share.append(float(p) / float(t))
     return own, total, share
+
+
+def _counted(s: Any) -> bool:
+    """A step :func:`step_shares` counts: timed, carrying ``probe_s``, after the probe's warm-up."""
+    p = _get(s, "probe_s")
+    t = _get(s, "total_s") or 0.0
+    i = _get(s, "index")
+    return not (p is None or _get(s, "instrumented") or t <= 0 or (i is not None and i <= PROBE_WARMUP))
 
 
 def _lower_quartile(values: list[float]) -> float:
@@ -64,7 +71,11 @@ def _lower_quartile(values: list[float]) -> float:
 
 
 def summarize(steps: Iterable[Any], cost: dict | None = None) -> dict | None:
-    """The run's probe figures (None when no timed step carries ``probe_s``)."""
+    """The run's probe figures (None when no timed step carries ``probe_s``). Where the probe sampled
+    its per-step extras (its cost budget), an unsampled step is the typical one and a sampled one
+    costs more: the figures are an unsampled step's plus the sampled steps' extra cost spread over
+    every step (``sampled_share``: the share of the steps sampled), what the run paid per step."""
+    steps = list(steps)
     own, total, share = step_shares(steps)
     if len(share) < MIN_STEPS:
         return None
@@ -77,6 +88,19 @@ def summarize(steps: Iterable[Any], cost: dict | None = None) -> dict | None:
         "median_step_s": statistics.median(total),
         "steps": len(share),
     }
+    flags = [_get(s, "sampled") is not False for s in steps if _counted(s)]
+    on = [i for i, f in enumerate(flags) if f]
+    off = [i for i, f in enumerate(flags) if not f]
+    if on and len(off) >= MIN_STEPS:
+        frac = len(on) / len(flags)
+        extra_s = max(statistics.median([own[i] for i in on]) - statistics.median([own[i] for i in off]), 0.0)
+        extra_share = max(statistics.median([share[i] for i in on]) - statistics.median([share[i] for i in off]),
+                          0.0)
+        base_share = [share[i] for i in off]
+        out.update(median_step_share=statistics.median(base_share) + frac * extra_share,
+                   q1_step_share=_lower_quartile(base_share) + frac * extra_share,
+                   median_probe_s=statistics.median([own[i] for i in off]) + frac * extra_s,
+                   sampled_share=frac, sampled_extra_s=extra_s)
     if cost:
         for k in ("by_part", "windows", "window_reasons", "handovers", "slow_path_us_per_call", "own_s",
                   "timed_s", "estimated_s", "calibration_us", "handover", "writer_s"):
