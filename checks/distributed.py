@@ -2,7 +2,7 @@
 sharing a device. Pure functions of Evidence (one RankEvidence per rank; see docs/distributed.md)."""
 from __future__ import annotations
 
-from diag.checks.api import check, device_phases, median, Severity
+from diag.checks.api import Severity, check, device_phases, median
 
 from ._util import gib, ms, pct
 from ._workers import host_contention

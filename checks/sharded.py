@@ -7,7 +7,7 @@ recorded (``distributed.comm_device``), and FSDP's configuration (``distributed.
 docs/distributed.md."""
 from __future__ import annotations
 
-from diag.checks.api import check, fmt_bytes, knob_words, median, run_framework, Severity
+from diag.checks.api import Severity, check, fmt_bytes, knob_words, median, run_framework
 
 from ._perf import cap_str, capability
 from ._util import gib, ms, pct

@@ -24,16 +24,14 @@ GROUND TRUTH (the script prints its own counts on stderr as `CORPUS_TRUTH {...}`
                 tiny units: sharded.exposed-comm warning, cause "too small units"
 """
 import argparse
-import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from _truth import report
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
-
-from _truth import report
 
 
 class Chunks(Dataset):
@@ -96,15 +94,12 @@ def shard_fsdp2(model, tiny):
 
 
 def shard_fsdp1(model, tiny):
-    import functools
-
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     policy = ModuleWrapPolicy({nn.Linear} if tiny else {Block})
     wrapped = FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"))
     units = sum(1 for m in wrapped.modules() if isinstance(m, FSDP))
-    del functools
     return wrapped, units
 
 
