@@ -198,3 +198,21 @@ def test_the_reports_say_the_rate():
     assert "ran on 1 step in 8 (18 of 80 steps; probe budget 1% of the step)" in text
     html = render_html(ev, [], 0)
     assert 'id="probe-sampling"' in html and "1 step in 8" in html
+
+
+def test_the_extensions_say_they_honour_the_budget_only_where_they_have_extras():
+    """The probe runs its budget while an extension with SAMPLED_EXTRAS is live: the timeline always
+    (it is removed at install without CUDA), the memory probe only where CUDA is (this machine: not)."""
+    import torch
+
+    from diag.probe.memory import MemoryProbe
+    from diag.probe.timeline import TimelineProbe
+
+    class Ctx:
+        def idle(self, ext, method):
+            pass
+
+    assert TimelineProbe.SAMPLED_EXTRAS is True
+    mp = MemoryProbe()
+    mp.install(Ctx())
+    assert mp.SAMPLED_EXTRAS is bool(torch.cuda.is_available())

@@ -11,8 +11,10 @@ core and extras:
 
 * the first :data:`FIRST` steps are always sampled (a short run loses nothing; the warm-up is seen);
 * then every :data:`REVIEW` steps the budget looks at the last :data:`WINDOW` steps: ``room`` = the
-  budget (share x median step) less the core's median; extras cost ``x`` per sampled step (their sum
-  over the window / the sampled steps in it, so extras counted a step late still count). The period
+  budget (share x median step) less the core's median; extras cost ``x`` per sampled step (the median
+  over the window's sampled steps of what each brought, with what the unsampled step after it brought:
+  extras counted a step late still count, and a one-off cost, a first record or a compilation, does
+  not set the rate). The period
   ``p`` (1 step in ``p`` sampled) is the smallest power of two with ``x / p <= room``; with no room at
   all (the core alone is over the budget) it is the floor :data:`FLOOR` (1 in 64); the period goes
   down again only when the smaller one fits with a 25% margin (no flapping at a boundary);
@@ -146,8 +148,14 @@ class Budget:
             return
         step = _median(self._total)
         core = _median(self._core)
-        n_sampled = sum(1 for _x, s in self._extras if s)
-        extras = sum(x for x, _s in self._extras) / max(n_sampled, 1)
+        ex = list(self._extras)
+        per: list[float] = []
+        for j, (x, was) in enumerate(ex):
+            if was:
+                # with the step after it when that one was not sampled: extras counted a step late
+                nxt = ex[j + 1] if j + 1 < len(ex) else None
+                per.append(x + (nxt[0] if nxt is not None and not nxt[1] else 0.0))
+        extras = _median(per)
         room = self.share * step - core
         if extras <= 0 or room >= extras:
             period, why = 1, (f"core {_us(core)} + extras {_us(extras)} fit in {_us(self.share * step)} "

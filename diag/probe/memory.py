@@ -87,9 +87,21 @@ class MemoryProbe:
         self._replaying = False
         self._eval_capture = False       # the captured batch is an evaluation forward's (no training yet)
 
+    @property
+    def SAMPLED_EXTRAS(self) -> bool:
+        """It honours the step's ``sampled`` (the allocator is read on sampled steps only), and has
+        per-step extras only where CUDA is: on a CPU machine the probe's budget need not run for it."""
+        return self._cuda_available is not False
+
     # ---- interface --------------------------------------------------------------------------------
     def install(self, probe) -> None:
         self._idle(probe, "on_step_start")   # woken when a step must be marked instrumented (_mark_next)
+        try:        # asked once (a CPU run's per-step path stops at it; issue 20); creates no CUDA context
+            import torch
+
+            self._cuda_available = bool(torch.cuda.is_available())
+        except Exception:
+            pass
 
     def uninstall(self, probe) -> None:
         remove_hooks(self._hooks)

@@ -409,7 +409,10 @@ def enabled_by_env() -> bool:
 
 class TimelineProbe:
     """The probe extension (CUDA runs only). On a machine without CUDA, or with ``DIAG_TIMELINE=0``,
-    it removes itself at install: no hook of it is ever called."""
+    it removes itself at install: no hook of it is ever called. Its marks are recorded on the steps
+    the probe samples only (``ctx.sampled``; the probe's cost budget, docs/probe.md)."""
+
+    SAMPLED_EXTRAS = True       # honours ctx.sampled: the probe's budget decides which steps it times
 
     def __init__(self, clock: Clock | None = None):
         self._clock = clock
