@@ -80,6 +80,7 @@ class MemoryProbe:
         self._persistent_done = False
         self._cuda_dev = None            # torch.device when the run uses CUDA
         self._cuda_available: bool | None = None
+        self._cuda_built = True          # torch was built with CUDA (read at install, no device asked)
         self._device_emitted = False
         self._last_peak = 0
         self._recorded_step = 0          # the last step whose allocator counters were recorded
@@ -90,18 +91,21 @@ class MemoryProbe:
     @property
     def SAMPLED_EXTRAS(self) -> bool:
         """It honours the step's ``sampled`` (the allocator is read on sampled steps only), and has
-        per-step extras only where CUDA is: on a CPU machine the probe's budget need not run for it."""
-        return self._cuda_available is not False
+        per-step extras only with a CUDA build of torch: on a CPU build the probe's budget need not
+        run for it. (Not ``torch.cuda.is_available()`` at install: that enumerates the devices before
+        the script runs, and a script that sets CUDA_VISIBLE_DEVICES after importing torch would then
+        see other devices than it does bare.)"""
+        return self._cuda_built and self._cuda_available is not False
 
     # ---- interface --------------------------------------------------------------------------------
     def install(self, probe) -> None:
         self._idle(probe, "on_step_start")   # woken when a step must be marked instrumented (_mark_next)
-        try:        # asked once (a CPU run's per-step path stops at it; issue 20); creates no CUDA context
+        try:
             import torch
 
-            self._cuda_available = bool(torch.cuda.is_available())
+            self._cuda_built = bool(torch.cuda._is_compiled())
         except Exception:
-            pass
+            self._cuda_built = True
 
     def uninstall(self, probe) -> None:
         remove_hooks(self._hooks)
