@@ -84,8 +84,8 @@ def _sides(c: Comparison) -> str:
 def _excluded(c: Comparison) -> str:
     w = sum(s.excluded.get("warmup", 0) for s in c.base + c.new)
     i = sum(s.excluded.get("instrumented", 0) for s in c.base + c.new)
-    return (f"excluded on both sides alike: {w} warm-up step(s) (first 10%, 1-20 per run) and {i} "
-            "instrumented step(s) (FLOP counting, memory replay)")
+    return (f"excluded on both sides alike: {w} warm-up step(s) (the first, and slow ones among the first "
+            f"10%, per run) and {i} instrumented step(s) (FLOP counting, memory replay)")
 
 
 # ---- text -----------------------------------------------------------------------------------------
