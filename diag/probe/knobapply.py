@@ -123,6 +123,7 @@ class KnobApply:
         self._saved: dict = {}
         self._compiled = False
         self._compiling = lambda: False
+        self._flushed_at = 0
         self._seen = {"loaders": 0, "optimizers": 0, "zero_grad_false": 0, "zero_grad": 0, "anomaly": 0,
                       "train_forwards": 0, "models": 0, "conv": False}
         self._emitted: set = set()
@@ -437,7 +438,9 @@ class KnobApply:
             except Exception:
                 pass
 
-    def on_step_start(self, ctx, index: int) -> None:
+    def _enter(self, ctx, index: int) -> None:
+        """Step ``index`` is under way (it opened, or its first forward began: whichever comes first):
+        its arm's switch knobs on, the others off."""
         if self.schedule.arms:
             name, blk, on = self.schedule.at(index)
             if (name, blk) != self._arm:
@@ -446,12 +449,20 @@ class KnobApply:
                 self._arm = (name, blk)
                 self._on = on
                 self._set_flags(ctx, on)
-        elif index % LOSS_FLUSH_STEPS == 0:
+        elif index % LOSS_FLUSH_STEPS == 0 and index != self._flushed_at:
+            self._flushed_at = index
             self._flush_losses(ctx)
-        if "debug.anomaly" in self.knobs and self._active("debug.anomaly"):
+        if "debug.anomaly" in self.knobs and "anomaly" not in self._saved and self._active("debug.anomaly"):
             self._anomaly_off(ctx)
 
+    def on_step_start(self, ctx, index: int) -> None:
+        self._enter(ctx, index)
+
     def on_forward_start(self, ctx, module) -> None:
+        if not ctx.is_live():
+            return
+        cur = ctx.current_step
+        self._enter(ctx, cur.index if cur is not None else ctx.steps_done + 1)
         if "amp.bf16" not in self.knobs or self._autocast is not None or not self._active("amp.bf16"):
             return
         if self.status["amp.bf16"]["not_applicable"] is not None or not ctx.is_live():
@@ -539,6 +550,7 @@ class KnobApply:
 
     def on_exit(self, ctx, status) -> None:
         self._leave_autocast()
+        self._anomaly_restore()
         self._flush_losses(ctx)
         s = self._seen
         why = {

@@ -251,7 +251,18 @@ class Engine:
         if len(out.steps) < n:
             res.notes.append(f"{label}: the script ended after {len(out.steps)} steps of the {n} asked "
                              "(give it more steps: its own arguments after --)")
-        sides = J.split_arms(out.steps, out.losses)
+        # a loss that turns NaN/inf in one arm's block spoils the weights for every block after it: that
+        # arm broke, and the others are judged on the steps before it
+        bad = min((i for i, v in out.losses.items() if not math.isfinite(v)), default=None)
+        culprit = None
+        steps_ok = out.steps
+        if bad is not None:
+            culprit = next(((s.get("extra") or {}).get("try") for s in out.steps if s["index"] == bad), None)
+            steps_ok = [s for s in out.steps if s["index"] < bad]
+            if culprit in (None, "base", "warmup"):
+                res.notes.append(f"{label}: the script's own loss became {_nonfinite(out.losses[bad])} at step "
+                                 f"{bad}, with no knob on; the steps after it are not judged")
+        sides = J.split_arms(steps_ok, out.losses)
         base = sides.get("base") or J.Side()
         base.peak_memory = out.peak_memory
         for arm in arms[1:]:
@@ -260,7 +271,11 @@ class Engine:
             na = [f"{k}: {out.knob_status[k.split('=')[0]]['not_applicable']}" for k in ids
                   if (out.knob_status.get(k.split("=")[0]) or {}).get("not_applicable")]
             t.applied = _applied(out.knob_status, ids)
-            if out.status in ("failed", "oom", "killed") and out.error:
+            if culprit == arm:
+                J.judge(t, base, sides.get(arm) or J.Side())
+                J.failed(t, f"the loss became {_nonfinite(out.losses[bad])} at step {bad}, in a block with the "
+                            "knob on (the blocks before it had finite losses)")
+            elif out.status in ("failed", "oom", "killed") and out.error:
                 J.judge(t, base, sides.get(arm) or J.Side())
                 J.failed(t, f"the run failed ({out.error}) during the alternating blocks")
             elif na and len(na) == len(ids):
@@ -393,6 +408,10 @@ def allocate(left: float, startup_s: float, step_s: float, steps: int, n_switch:
 
 # ---- reading a run --------------------------------------------------------------------------------
 
+def _nonfinite(v: float) -> str:
+    return "nan" if math.isnan(v) else "inf"
+
+
 def _safe(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.=" else "-" for c in label)[:60]
 
@@ -420,7 +439,10 @@ def _read(label: str, run_dir: str, wall: float, ev) -> RunOut:
             peak = None
         if rank.exceptions:
             e = rank.exceptions[-1]
-            error = f"{e.type}: {e.message}".strip().splitlines()[0][:300] if (e.type or e.message) else None
+            lines = [ln.strip() for ln in f"{e.type}: {e.message}".strip().splitlines() if ln.strip()]
+            if len(lines) > 1 and "Original Traceback" in e.message:    # a DataLoader worker's: its own last line
+                lines = [lines[0] + " " + lines[-1]]
+            error = lines[0][:400] if lines and (e.type or e.message) else None
     times = [s["total_s"] for s in steps if not s["instrumented"] and s["total_s"] > 0]
     med = statistics.median(times[1:] if len(times) > 3 else times) if times else None
     st = ev.run.status
