@@ -198,6 +198,13 @@ def test_the_reports_say_the_rate():
     assert "ran on 1 step in 8 (18 of 80 steps; probe budget 1% of the step)" in text
     html = render_html(ev, [], 0)
     assert 'id="probe-sampling"' in html and "1 step in 8" in html
+    from types import SimpleNamespace
+
+    from diag.tui.widgets import UIState
+    from diag.tui.widgets.header import header_lines
+
+    _one, two = header_lines(UIState(snapshot=SimpleNamespace(evidence=ev, findings=[])))
+    assert "timeline & memory on 1 step in 8" in two.plain
 
 
 def test_the_extensions_say_they_honour_the_budget_only_where_they_have_extras():
