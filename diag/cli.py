@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("diag.commands.compare", "two runs side by side, noise-aware: step time and its phases, memory, MFU, findings (CI gate)"),
     "merge": ("diag.commands.merge", "judge a Slurm job's shared run directory (srun diag check ...) as one job"),
     "checks": ("diag.commands.checks", "list every check: id, severity, what it looks for and its source"),
-    "try": ("diag.commands.try_", "measure a fix before making it: knobs applied from outside, speed-up with a 95% interval"),
+    "try": ("diag.commands.try_", "measure a fix before making it: knobs applied from outside, speed-up with a 95%% interval"),
     "demo": ("diag.commands.demo", "run `diag check` on a bundled training script with planted problems"),
 }
 
