@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 from diag.evidence import events as E
 from diag.probe.environment import ENV_ALLOWLIST, environment
-from diag.probe.frames import (exception_info, frame_location, is_library_file, is_oom, set_user_script,
-                               user_frame)
+from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_library_file, is_oom,
+                               set_user_script, user_frame)
 from diag.probe import marks
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
 from diag.probe.hooks import (DiagStop, Patches, _never, compiling_check, live_optimizers, optimizer_alive,
@@ -139,6 +139,7 @@ class Probe:
         self._model_device: dict[int, str] = {}  # model id -> device type of its first parameter
         self._model_refs: dict[int, Any] = {}    # model id -> weakref
         self._model_inner: dict[int, Any] = {}   # model id -> the module inside its wrappers (DDP, compile)
+        self._fwd_models: dict[int, tuple] = {}  # id(module) -> (weakref, model id, device type): one lookup
         self._sites: dict[tuple, dict] = {}
         self._site_counts: dict[str, int] = {}
         self._site_dirty: set[str] = set()
@@ -182,6 +183,7 @@ class Probe:
         self._budget_exts: tuple = ()         # the class names whose time is the extras
         self._budget_checked_n = -1           # len(extensions) when _budget_exts was last looked up
         self._extras_ns = 0                   # the extras' cumulative time at the last step's accounting
+        self._step_sink: tuple | None = None  # (sink, its file sink, tags): the step event's fast path
         self._last_core_s = 0.0               # the last accounted step's probe time, core and extras
         self._last_extras_s = 0.0
 
@@ -489,6 +491,7 @@ class Probe:
             return it
 
         sm = self.steps
+        iters, by_lid, tensor_cls = self._iters, self._loaders_by_lid, torch.Tensor
 
         def __next__(it):
             if not probe.active or probe._forked:
@@ -496,7 +499,7 @@ class Probe:
             if sm.current is not None:
                 sm.before_fetch(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
-            t0 = time.perf_counter()
+            t0 = n0 * 1e-9      # (perf_counter's clock)
             if probe._ext_live.get("on_data", True):
                 probe._ext("on_data", "start")
             probe._in_data += 1
@@ -520,7 +523,35 @@ class Probe:
             n0, closed = _ns(), sm.done
             if probe._ext_live.get("on_data", True):
                 probe._ext("on_data", "end")
-            probe._on_batch(it, time.perf_counter() - t0, batch, t0)
+                dt = time.perf_counter() - t0
+            else:
+                dt = n0 * 1e-9 - t0   # (perf_counter_ns is perf_counter's clock: one read less)
+            # Probe._on_batch, inlined (per batch: issue 28); batch_samples' common case first
+            rec = iters.get(id(it))
+            if rec is not None and (rec[0] is None or rec[0]() is it):
+                lid = rec[1]
+                info = by_lid.get(lid)
+                if info is not None:
+                    info["batches"] += 1
+                    info["wait_s"] += dt
+                    if dt > info["max_wait_s"]:
+                        info["max_wait_s"] = dt
+                    rec[3] += 1
+                    if rec[2]:
+                        rec[2] = False
+                        info["first_batch_s"].append(round(dt, 6))
+                        if len(info["first_batch_s"]) > 200:
+                            del info["first_batch_s"][0]
+            else:
+                lid = None
+            first = batch[0] if type(batch) in _SEQ and batch else batch
+            if type(first) is tensor_cls and first.shape:
+                sm.last_batch_samples = first.shape[0]
+            else:
+                n = batch_samples(batch)
+                if n is not None:
+                    sm.last_batch_samples = n
+            sm.fetched(lid, t0, dt)
             if sm.done == closed:   # a step closed in there counted itself
                 probe.own_ns += _ns() - n0
             return batch
@@ -529,17 +560,22 @@ class Probe:
         self.patch(dl._BaseDataLoaderIter, "__next__", __next__)
 
         orig_zero_grad = torch.optim.Optimizer.zero_grad
+        optimizers = self._optimizers
 
         def zero_grad(opt, set_to_none: bool = True):
             if _compiling():
                 return orig_zero_grad(opt, set_to_none)
-            t0 = time.perf_counter()
+            t0 = _ns()
             out = orig_zero_grad(opt, set_to_none)
             n0 = _ns()
-            try:
-                probe._on_zero_grad(opt, set_to_none, time.perf_counter() - t0)
-            except Exception as e:
-                probe.report_error("zero_grad", e)
+            if not probe._forked and probe.active:
+                try:   # Probe._on_zero_grad, inlined (per step: issue 28)
+                    info = optimizers.get(id(opt)) or probe.optimizer_info(opt)
+                    info["zero_grad_calls"] += 1
+                    info["zero_grad_s"] += (n0 - t0) / 1e9
+                    info["zero_grad_set_to_none"] = bool(set_to_none)
+                except Exception as e:
+                    probe.report_error("zero_grad", e)
             probe.own_ns += _ns() - n0
             return out
 
@@ -597,6 +633,7 @@ class Probe:
         import torch.autograd as ag
 
         probe = self
+        sm = self.steps
         self._bwd_twins = []
 
         def _wrap(orig, name):
@@ -608,16 +645,22 @@ class Probe:
                     return f(*args, **kwargs) if f is not None else orig(*args, **kwargs)
                 if probe.in_backward or probe._forked or not probe.active:
                     return orig(*args, **kwargs)   # nested (a reentrant checkpoint's recomputation), or paused
-                n0 = _ns()
                 probe.in_backward = True
-                start = time.perf_counter()
-                probe.own_ns += _ns() - n0
+                start = time.perf_counter()   # (setting the flag above: tens of ns, left in the backward)
                 try:
                     return orig(*args, **kwargs)
                 finally:
-                    end = time.perf_counter()
+                    t0 = _ns()
+                    end = t0 * 1e-9      # (perf_counter's clock)
                     probe.in_backward = False
-                    probe._backward_done(start, end)   # times itself
+                    try:                 # Probe._backward_done, inlined (per step: issue 28)
+                        sm.backward(start, end)
+                    except DiagStop:
+                        raise
+                    except Exception as e:
+                        probe.report_error("backward", e)
+                    finally:
+                        probe.own_ns += _ns() - t0
 
             wrapper.__wrapped__ = orig
             wrapper.__name__ = name
@@ -724,7 +767,8 @@ class Probe:
             return None         # and it may end by an exception that skips the post hook
         self.depth += 1
         if self.depth == 1:
-            if self.module_has_parameters(module):
+            ent = self._has_params.get(id(module))   # module_has_parameters' cache hit, inlined
+            if (ent[1] if ent is not None and ent[0]() is module else self.module_has_parameters(module)):
                 self.forward_start = time.perf_counter()
                 self._top_module = module
                 self._top_depth = 1
@@ -792,8 +836,8 @@ class Probe:
             return None
         if self._forked or not self.active or self.in_backward or self._in_data:
             return None
-        end = time.perf_counter()
         t0 = _ns()
+        end = t0 * 1e-9      # (perf_counter_ns is perf_counter's clock: one read less, issue 28)
         try:
             self._on_top_forward(module, args, kwargs, output, self.forward_start, end)
         except DiagStop:
@@ -821,8 +865,9 @@ class Probe:
         except Exception as e:
             self.report_error("forward", e)
 
-    def _on_top_forward(self, module, args, kwargs, output, start: float, end: float) -> None:
-        ts = _TorchState if _TorchState.torch is not None else _TorchState.bind()
+    def _model_entry(self, module) -> tuple:
+        """(weak reference, model id, device type) of a module called as an outermost forward; a model
+        seen for the first time is described (``model`` event, the extensions' ``on_model``)."""
         mid = self._models.get(id(module))
         if mid is None or self._model_refs.get(mid) is None or self._model_refs[mid]() is not module:
             mid = len(self._model_refs) + 1
@@ -834,6 +879,23 @@ class Probe:
             info = describe_model(module, mid)
             self.emit(E.MODEL, **info)
             self._ext("on_model", module, info)
+        ref = self._model_refs[mid]
+        dev_type = self._model_device.get(mid)
+        if dev_type is None:
+            dev_type = self._model_device[mid] = device_type(module)
+        if len(self._fwd_models) >= 4096:   # modules built and dropped over a long run: start again
+            self._fwd_models.clear()
+        self._fwd_models[id(module)] = (ref, mid, dev_type)
+        return ref, mid, dev_type
+
+    def _on_top_forward(self, module, args, kwargs, output, start: float, end: float) -> None:
+        ts = _TorchState if _TorchState.torch is not None else _TorchState.bind()
+        # the model's weak reference, id and device type in one lookup (issue 28: per outermost forward)
+        ent = self._fwd_models.get(id(module))
+        if ent is not None and ent[0]() is module:
+            mref, mid, dev_type = ent
+        else:
+            mref, mid, dev_type = self._model_entry(module)
         grad = ts.grad()
         # the innermost module's flag: frameworks call .train() on the model, not on its DDP wrapper
         training = module.training is True
@@ -857,15 +919,22 @@ class Probe:
             outs = output_grad_tensors(output)
             out_t = outs[0] if outs else None
         out_rg = out_t is not None
-        dev_type = self._model_device.get(mid)
-        if dev_type is None:
-            dev_type = self._model_device[mid] = device_type(module)
         try:
             ac = ts.any_autocast() and ts.autocast(dev_type)
             ac_dtype = str(ts.autocast_dtype(dev_type)).replace("torch.", "") if ac else None
         except Exception:
             ac, ac_dtype = False, None
-        frame = user_frame(3)             # the caller, out through the hook and torch
+        # the caller, out through the hook and torch: user_frame(3), inlined (per outermost forward)
+        frame = sys._getframe(2)
+        lib_cache = _LIB_CACHE
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            lib = lib_cache.get(fn)
+            if lib is None:
+                lib = is_library_file(fn)
+            if not lib:
+                break
+            frame = frame.f_back
         loc_key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
         key = (mid, loc_key, training, grad, inference, ac_dtype, out_rg)
         site = self._sites.get(key)
@@ -895,12 +964,30 @@ class Probe:
             step = sm.training_forward(start, end, skey)
             self._site_counts[skey] += 1     # (after: a step it closed carried the counts before it)
             self._site_dirty.add(skey)
-            counted = sm.counts_samples(step, skey)
-            if counted:
-                samples, tokens = samples_of(args, kwargs, sm.last_batch_samples)
-                sm.add_samples(step, skey, samples, tokens)
+            if step.sample_site is None:
+                # the step's first training forward (StepMachine.counts_samples is True, add_samples sets
+                # the site and the counts), and samples_of's common case (a plain tensor first), inlined
+                counted = True
+                t = args[0] if args else None
+                shape = t.shape if type(t) is ts.Tensor else None
+                if shape and t.is_floating_point():   # (None or torch.Size; no tokens of a float)
+                    hint = sm.last_batch_samples
+                    samples = shape[0]
+                    if hint is not None and samples != hint and hint in shape:
+                        samples = hint
+                    step.micro_batches += 1
+                    step.sample_site = skey
+                    step.samples, step.tokens = samples, None
+                else:
+                    samples, tokens = samples_of(args, kwargs, sm.last_batch_samples)
+                    sm.add_samples(step, skey, samples, tokens)
+            else:
+                counted = sm.counts_samples(step, skey)
+                if counted:
+                    samples, tokens = samples_of(args, kwargs, sm.last_batch_samples)
+                    sm.add_samples(step, skey, samples, tokens)
             self.forward_counts_samples = counted
-            self._last_model = self._model_refs.get(mid)
+            self._last_model = mref
             if not self.in_backward and not self._bwd_wrapped:
                 # (torch.autograd.backward could not be wrapped) on every output that needs grad: the
                 # loss may use any of them
@@ -1020,8 +1107,8 @@ class Probe:
             return f(opt, args, kwargs) if f is not None else None
         if self._forked or not self.active:
             return None
-        end = time.perf_counter()
         t0 = _ns()
+        end = t0 * 1e-9      # (perf_counter's clock)
         ho = self._handover
         if ho is not None and ho.active:   # HandOver._opt_post, inlined (per step; the probe is live here)
             opts, fwd = ho._opts, ho.outermost_forwards
@@ -1201,11 +1288,61 @@ class Probe:
                     self.emit(E.PROBE_SAMPLING, **change)
         if self._ext_live.get("on_step_end", True):
             self._ext("on_step_end", ev)
-        self._account_step(ev, step, t_close)
-        if self._site_dirty:   # forward counts ride on the step event: one write per step
-            ev["forward_counts"] = {k: self._site_counts[k] for k in self._site_dirty}
-            self._site_dirty.clear()
-        self.emit_dict(E.STEP, ev)
+        # the probe's own time in this step (``probe_s``: since the previous step event, that event's
+        # write included; a step in a discovery window adds torch's slow path for each module call the
+        # global hooks saw) and whether a discovery window covered it (``probe_window``); inlined here
+        # (one frame less per step: issue 28)
+        ho = self._handover
+        own = self.own_ns + (_ns() - t_close)
+        probe_ns = own - self._own_mark
+        self._own_mark = own
+        in_window = False
+        # the estimated part: what the timer cannot see, counted per step and priced by the calibration
+        # at install (warm figures: a lower bound of what it costs after a step's work evicted the caches)
+        w0, h0, b0 = self._est_marks
+        if ho is not None:
+            w1, h1 = ho.window_calls, ho.local_calls
+            in_window = ho.boundary()
+        else:
+            w1, h1 = w0, h0
+        b1 = self._bwd_calls
+        self._est_marks = (w1, h1, b1)
+        est = (w1 - w0) * self.slow_path_ns + (h1 - h0) * self.hooked_call_ns + (b1 - b0) * self.autograd_hook_ns
+        self._est_ns += est
+        probe_ns += est
+        ev["probe_s"] = int(probe_ns + 0.5) / 1e9    # rounded to the ns (see emit_dict)
+        if b is not None:   # the split the budget is fed with at the next step's close
+            ext_ns = self._ext_ns
+            extras = sum(ext_ns.get(n, 0) for n in self._budget_exts)
+            d = extras - self._extras_ns
+            self._extras_ns = extras
+            self._last_extras_s = d / 1e9
+            self._last_core_s = max(probe_ns - d, 0) / 1e9
+        if in_window:
+            ev["probe_window"] = True
+        dirty = self._site_dirty
+        if dirty:   # forward counts ride on the step event: one write per step
+            counts = self._site_counts
+            fc = ev["forward_counts"] = {}
+            for k in dirty:           # (a loop, not a comprehension: one frame less per step)
+                fc[k] = counts[k]
+            dirty.clear()
+        fast = self._step_sink
+        if fast is None or fast[0] is not self.sink:
+            fast = self._step_path()
+        fs = fast[1]
+        if fs is not None and fs.ready and not self._forked:
+            # emit_dict and the sinks' calls, inlined (issue 28): the event onto the writer's queue
+            ev["kind"] = E.STEP
+            n0 = _ns()
+            ev["t"] = int((n0 * 1e-9 - self.t0) * 1e6 + 0.5) / 1e6     # (emit_dict's rounding)
+            ev["rank"] = self.rank
+            if fast[2]:
+                ev.update(fast[2])
+            fs.defer(ev)
+            self._sink_ns += _ns() - n0
+        else:
+            self.emit_dict(E.STEP, ev)
         if not self._env_refreshed and step.index >= 2:
             # flags such as cudnn.benchmark are often set after import: read them again once
             self._env_refreshed = True
@@ -1215,6 +1352,20 @@ class Probe:
         self.own_ns += _ns() - t_close
         if self.max_steps is not None and step.index >= self.max_steps and not self._finishing:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
+
+    def _step_path(self) -> tuple:
+        """(the sink it is for, the file sink under it or None, the tags it adds): the step event's way
+        to the writer's queue without the sinks' calls (:meth:`diag.probe.sink.FileSink.step_path`)."""
+        sink = self.sink
+        fn = getattr(type(sink), "step_path", None)   # (the class's: TaggedSink forwards unknown names)
+        got = None
+        if fn is not None:
+            try:
+                got = fn(sink)
+            except Exception:
+                got = None
+        fast = self._step_sink = (sink, got[0], got[1]) if got is not None else (sink, None, None)
+        return fast
 
     def _budget_lookup(self) -> None:
         """Is an extension that honours ``ctx.sampled`` live (its class sets ``SAMPLED_EXTRAS``)? Then
@@ -1260,39 +1411,6 @@ class Probe:
         except Exception as e:
             self.report_error("eval_steps", e)
 
-    def _account_step(self, ev: dict, step: _Step, t_close: int) -> None:
-        """The probe's own time in this step (``probe_s``: since the previous step event, that event's
-        write included; a step in a discovery window adds torch's slow path for each module call the
-        global hooks saw) and whether a discovery window covered it (``probe_window``)."""
-        ho = self._handover
-        own = self.own_ns + (_ns() - t_close)
-        probe_ns = own - self._own_mark
-        self._own_mark = own
-        in_window = False
-        # the estimated part: what the timer cannot see, counted per step and priced by the calibration
-        # at install (warm figures: a lower bound of what it costs after a step's work evicted the caches)
-        w0, h0, b0 = self._est_marks
-        if ho is not None:
-            w1, h1 = ho.window_calls, ho.local_calls
-            in_window = ho.boundary()
-        else:
-            w1, h1 = w0, h0
-        b1 = self._bwd_calls
-        self._est_marks = (w1, h1, b1)
-        est = (w1 - w0) * self.slow_path_ns + (h1 - h0) * self.hooked_call_ns + (b1 - b0) * self.autograd_hook_ns
-        self._est_ns += est
-        probe_ns += est
-        ev["probe_s"] = int(probe_ns + 0.5) / 1e9    # rounded to the ns (see emit_dict)
-        if self._budget is not None:   # the split the budget is fed with at the next step's close
-            ext_ns = self._ext_ns
-            extras = sum(ext_ns.get(n, 0) for n in self._budget_exts)
-            d = extras - self._extras_ns
-            self._extras_ns = extras
-            self._last_extras_s = d / 1e9
-            self._last_core_s = max(probe_ns - d, 0) / 1e9
-        if in_window:
-            ev["probe_window"] = True
-
     def _flush_sites(self) -> None:
         if self._site_dirty:
             self.emit(E.FORWARD_COUNTS, counts={k: self._site_counts[k] for k in self._site_dirty})
@@ -1300,6 +1418,7 @@ class Probe:
 
 
 _ns = time.perf_counter_ns
+_SEQ = (list, tuple)
 
 
 def _loader_event(info: dict) -> dict:

@@ -206,6 +206,22 @@ class StepMachine:
         if not self._framework_done:
             self._framework_done = True
             self.listener.first_training()
+        tail = self.tail
+        if len(tail) == 1 and not self.tail_fwd and self.es is None and self.eval is None \
+                and self.last_boundary is not None and not tail[0].get("ended"):
+            # the steady case (issue 28: every step of a plain loop): one fetch waits, nothing of an
+            # evaluation is open; what the general path below does, without its calls
+            rec = tail[0]
+            self.tail = []
+            self._es_pend_t0, self._es_pend_dt = None, 0.0
+            step = self.open(rec["t0"])
+            step.data_s += rec["dt"]
+            step.batches += 1
+            lid = rec["lid"]
+            info = self.loaders.get(lid) if lid is not None else None
+            if info is not None and info["role"] != "train":
+                info["role"] = "train"
+            return step
         if self.tail and self.tail_fwd and self._tail_is_eval():
             # the tail's batches came from an evaluation loader and were evaluated: the end of an
             # evaluation pass, not the data of this training step (section 4)
@@ -304,7 +320,11 @@ class StepMachine:
             # the step ends with its optimizer-step group, when the next iteration shows itself
             step.group.add(key)
             step.group_end = end
-            if self._group_complete(step):
+            n = self.optimizers_known       # _group_complete, inlined (per step)
+            if self._alive_counted_at != n:
+                self._alive_counted_at = n
+                self._alive = self.listener.live_optimizers()
+            if len(step.group) >= max(self._alive, 1):
                 self.close(end, "optimizer")
 
     def _group_complete(self, step: Step) -> bool:
@@ -380,7 +400,13 @@ class StepMachine:
             return
         if self.tail_fwd:
             self._commit_tail_to_eval()
-        self._es_fetch(t0, dt)
+        if self.es is None and self.done and not self.eval_watched:
+            # _es_fetch's hot path, inlined (every step of a training run that has not evaluated)
+            if self._es_pend_t0 is None:
+                self._es_pend_t0 = t0
+            self._es_pend_dt += dt
+        else:
+            self._es_fetch(t0, dt)
         self.tail.append({"lid": lid, "t0": t0, "dt": dt})
         if len(self.tail) > TAIL_MAX:   # a loader iterated without forwards: keep the evidence bounded
             self._commit_tail_to_eval(keep_last=1)

@@ -103,6 +103,21 @@ class TaggedSink:
             self._sink(event)
         except OSError as e:   # a full disk: diag sees it and ends the run; the script is not hurt
             self.disk_error = e.strerror or str(e)
+            if getattr(self._sink, "ready", None) is not None:
+                self._sink.ready = False   # its step path (step_path) stops too
+
+    def step_path(self):
+        """The wrapped sink's fast path for deferred events (:meth:`diag.probe.sink.FileSink.step_path`)
+        with this sink's tag: None when it has none, or when ``argv`` redaction could apply."""
+        inner = getattr(self._sink, "step_path", None)
+        got = inner() if callable(inner) and self.disk_error is None else None
+        if got is None:
+            return None
+        sink, tags = got
+        tags = dict(tags)
+        if self.run_id is not None:
+            tags["run"] = self.run_id
+        return sink, tags
 
     def close(self) -> None:
         self._sink.close()
