@@ -409,3 +409,64 @@ def test_pairing_cancels_load_shared_by_neighbouring_runs():
     t = J.judge(J.Trial("dataloader.workers=2", "restart"), base, trial)
     assert t.verdict == "faster" and t.ci_low > 1.5
     assert J.paired(base.runs[:1], trial.runs[:1]) is None
+
+
+# ---- the engine, with the script's runs simulated --------------------------------------------------
+
+def test_engine_flow_guards_and_combined_on_simulated_runs():
+    """The whole engine on simulated runs: a switch knob that helps, one whose loss turns NaN, a
+    restart knob that helps, one whose runs crash; the two winners combined; nothing started."""
+    from types import SimpleNamespace
+
+    from diag.probe.knobapply import Schedule, parse_arms
+    from diag.trial.engine import Engine, RunOut, TryConfig
+
+    rng = np.random.default_rng(0)
+    speed = {"debug.anomaly": 0.7, "dataloader.workers=2": 0.5}
+    labels = []
+
+    def fake(label, fixed, arms, steps):
+        labels.append(label)
+        status, error, knob_status = "stopped", None, {}
+        for spec in fixed:
+            knob_status[spec.split("=")[0]] = {"applied": 1, "not_applicable": None, "notes": []}
+        if "optim.fused" in fixed:
+            status, error = "failed", "RuntimeError: fused kernels are not supported here"
+        sched = Schedule(parse_arms(";".join(arms)) if arms else [], 5, 3)
+        rows, losses = [], {}
+        for i in range(1, steps + 1):
+            name, blk, on = sched.at(i)
+            f = 1.0
+            for k in list(on) + list(fixed):
+                f *= speed.get(k, 1.0)
+            load = 1 + 0.5 * math.sin(i / 7)               # a machine whose load drifts
+            rows.append({"index": i, "total_s": 0.1 * f * load * (1 + 0.02 * rng.standard_normal()),
+                         "samples": 16, "instrumented": False,
+                         "extra": {"try": name, "try_block": blk} if arms else {}})
+            losses[i] = math.nan if ("amp.bf16" in on and i > 100) else 1.0 + 0.01 * rng.standard_normal()
+        for k in {k for _, ks in sched.arms for k in ks}:
+            knob_status.setdefault(k, {"applied": 3, "not_applicable": None, "notes": []})
+        times = sorted(r["total_s"] for r in rows)
+        return RunOut(label, "", 1.0, status, rows, losses, knob_status, None, error, times[len(times) // 2])
+
+    class FakeEngine(Engine):
+        def run(self, label, *, fixed, arms=None, steps, block=None):
+            return fake(label, fixed, arms, steps)
+
+    cfg = TryConfig(script="train.py", knobs=["debug.anomaly", "amp.bf16", "dataloader.workers=2", "optim.fused",
+                                              "eval.batch=64"],
+                    steps=30, budget_s=10_000, evidence=SimpleNamespace(ranks=[], primary=None))
+    eng = FakeEngine(cfg)
+    eng.est_run_s, eng.step_s = 1.0, 0.1
+    res = eng.go()
+    t = {x.knob: x for x in res.trials}
+    assert t["debug.anomaly"].verdict == "faster" and 1.3 < t["debug.anomaly"].speedup < 1.6
+    assert t["amp.bf16"].verdict == "broke" and "nan at step" in t["amp.bf16"].why
+    assert t["dataloader.workers=2"].verdict == "faster" and t["dataloader.workers=2"].ci_low > 1.5
+    assert t["optim.fused"].verdict == "broke" and "fused kernels are not supported" in t["optim.fused"].why
+    combined = t["debug.anomaly + dataloader.workers=2"]
+    assert combined.kind == "combined" and combined.verdict == "faster" and combined.speedup > 2.3
+    assert res.not_tried == [{"knob": "eval.batch=64", "verdict": "not applicable",
+                              "why": KNOBS["eval.batch"].outside}]
+    assert res.summary.startswith("debug.anomaly + dataloader.workers=2:")
+    assert labels[0] == "switch knobs" and any("round 3" in x for x in labels)
