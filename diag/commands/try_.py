@@ -91,6 +91,8 @@ def run(args) -> int:
     if not args.script:
         raise DiagError("nothing to try: give --script PATH (the training script)",
                         hint="diag try --list shows the knobs; diag try --help the options")
+    if args.from_ and len(args.from_) > 1:
+        raise DiagError("diag try takes one --from (the evidence of one run)")
     if args.rounds < 2:
         raise DiagError("--rounds must be at least 2: one run of each side says nothing of run-to-run noise")
     if args.block < 3:

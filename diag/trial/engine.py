@@ -166,9 +166,9 @@ class Engine:
         if cfg.evidence is not None:
             evidence = cfg.evidence
         elif cfg.from_evidence:
-            from diag.commands.check import load_from
+            from diag.evidence import load_evidence
 
-            evidence = load_from(cfg.from_evidence)
+            evidence = load_evidence(cfg.from_evidence[0])
         else:
             first = self.run("baseline", fixed=[], steps=steps)
             evidence = first.evidence
