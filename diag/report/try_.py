@@ -89,8 +89,12 @@ def render_text(result) -> str:
     fw = data.get("framework")
     lines.append(f"diag try: {data.get('script')} ({FRAMEWORK_NAMES.get(fw or 'torch', 'plain PyTorch')}, "
                  f"{data.get('device', 'cpu')})")
+    runs = data.get("runs") or []
+    clock = "the device clock (CUDA events)" if runs and all(r.get("clock") == "device" for r in runs) else \
+        "the wall clock"
     if b.get("median_step_s"):
-        lines.append(f"baseline: median step {_ms(b['median_step_s'])} over {b.get('steps')} steps")
+        lines.append(f"baseline: median step {_ms(b['median_step_s'])} over {b.get('steps')} steps; step times "
+                     f"on {clock}")
     rows = _rows(data)
     if rows:
         widths = [max(len(HEAD[i]), *(len(r[i]) for r in rows)) for i in range(len(HEAD))]

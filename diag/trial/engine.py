@@ -68,6 +68,7 @@ class RunOut:
     error: str | None
     median_step: float | None
     evidence: Any = None
+    clock: str = "wall"          # "device": step times are the device timeline's spans (CUDA events)
 
 
 @dataclass
@@ -152,7 +153,7 @@ class Engine:
         wall = time.monotonic() - t
         out = _read(label, str(run_dir), wall, ev)
         self.result.runs.append({"label": label, "run_dir": str(run_dir), "wall_s": round(wall, 3),
-                                 "status": out.status, "steps": len(out.steps)})
+                                 "status": out.status, "steps": len(out.steps), "clock": out.clock})
         self.say(f"  {out.status}, {len(out.steps)} steps in {wall:.1f} s"
                  + (f" (median step {out.median_step * 1e3:.1f} ms)" if out.median_step else ""))
         return out
@@ -443,13 +444,29 @@ def _read(label: str, run_dir: str, wall: float, ev) -> RunOut:
             if len(lines) > 1 and "Original Traceback" in e.message:    # a DataLoader worker's: its own last line
                 lines = [lines[0] + " " + lines[-1]]
             error = lines[0][:400] if lines and (e.type or e.message) else None
+    clock = "wall"
+    if rank is not None and steps:
+        # a CUDA run with a device timeline: each step's device span (CUDA events) replaces its wall time,
+        # when the timeline covers most steps (a step without a record is left out)
+        try:
+            from diag.compare.extract import _device_steps
+
+            dev = _device_steps(rank)
+            if dev:
+                cols = dev["steps"]
+                span = {i: t for i, t in zip(cols["index"], cols["total_s"]) if t > 0}
+                if len(span) >= 0.5 * len(steps):
+                    steps = [dict(s, total_s=span[s["index"]]) for s in steps if s["index"] in span]
+                    clock = "device"
+        except Exception:
+            clock = "wall"
     times = [s["total_s"] for s in steps if not s["instrumented"] and s["total_s"] > 0]
     med = statistics.median(times[1:] if len(times) > 3 else times) if times else None
     st = ev.run.status
     if st in ("failed", "oom") and error is None:
         error = ev.run.stop_reason or f"exit status {ev.run.exit_code}"
     return RunOut(label=label, run_dir=run_dir, wall_s=wall, status=st, steps=steps, losses=losses,
-                  knob_status=status, peak_memory=peak, error=error, median_step=med, evidence=ev)
+                  knob_status=status, peak_memory=peak, error=error, median_step=med, evidence=ev, clock=clock)
 
 
 def _restart_side(runs: list[RunOut], compiled: bool) -> J.Side:
