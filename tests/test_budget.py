@@ -64,7 +64,7 @@ def test_a_short_step_samples_an_evenly_spread_pattern_within_the_budget():
     cost = 100e-6 + 280e-6 * len(late) / n
     assert cost <= 0.01 * 0.020 * 1.0001
     ch = b.changes[0]
-    assert ch["period"] == 4 and ch["step"] == B.FIRST + 1 and ch["budget"] == 0.01
+    assert ch["period"] == 4 and ch["step"] == B.FIRST + B.REVIEW + 1 and ch["budget"] == 0.01
     assert "extras" in ch["reason"] and ch["extras_s"] == pytest.approx(280e-6)
 
 
@@ -159,7 +159,7 @@ def test_the_changes_and_the_state_fold_into_the_probe_section():
     fold(ev, {"kind": E.MERGE, "rank": 0, "t": 2.0, "path": "probe.sampling", "value": b.state()})
     s = ev.primary.probe.sampling
     assert s["period"] == B.FLOOR and s["rate"] == 1 / B.FLOOR and s["steps"] == 200 and s["budget"] == 0.01
-    assert s["changes"][0]["step"] == B.FIRST + 1 and "alone" in s["changes"][0]["reason"]
+    assert s["changes"][0]["step"] == B.FIRST + B.REVIEW + 1 and "alone" in s["changes"][0]["reason"]
     assert not ev.primary.extras.get("probe_errors")
 
 
@@ -170,3 +170,11 @@ def test_a_one_off_cost_does_not_set_the_rate():
     b.after_step(0.100, 100e-6, 0.200)
     sampled = _feed(b, 300, 0.100, 100e-6, 100e-6)
     assert b.period == 1 and len(sampled) == 300 and b.changes == []
+
+
+def test_a_short_run_is_sampled_throughout():
+    # the first decision is at step FIRST + REVIEW: a test run, a --steps 20 check, loses nothing
+    b = B.Budget()
+    n = B.FIRST + B.REVIEW
+    assert _feed(b, n, 0.002, 150e-6, 300e-6) == list(range(1, n + 1))
+    assert not b.sampled and b.period == B.FLOOR      # the next one is the first left out

@@ -10,7 +10,9 @@ The rule, fed after every step with the step's wall time and the probe's own tim
 core and extras:
 
 * the first :data:`FIRST` steps are always sampled (a short run loses nothing; the warm-up is seen);
-* then every :data:`REVIEW` steps the budget looks at the last :data:`WINDOW` steps: ``room`` = the
+* the first decision is at step ``FIRST + REVIEW`` (26: a run that short is sampled throughout, and
+  the first estimate has 16 steps past the start to go on), then every :data:`REVIEW` steps the
+  budget looks at the last :data:`WINDOW` steps: ``room`` = the
   budget (share x median step) less the core's median; extras cost ``x`` per sampled step (the median
   over the window's sampled steps of what each brought, with what the unsampled step after it brought:
   extras counted a step late still count, and a one-off cost, a first record or a compilation, does
@@ -136,7 +138,7 @@ class Budget:
                 self._total.append(total_s)
             self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
             self._extras.append((extras_s if 0.0 < extras_s < _INF else 0.0, was))
-            if i >= self.first and (i - self.first) % self.review == 0:
+            if i > self.first and (i - self.first) % self.review == 0:
                 self._review(i)
             i += 1
             self.sampled = nxt = i <= self.first or (i - self.first) % self.period == 0
