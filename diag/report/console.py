@@ -56,9 +56,14 @@ def run_header(evidence, verbose: bool = True) -> Text:
     t.append(safe(run.status), style=status_style)
     if run.stop_reason:
         t.append(f" ({safe(run.stop_reason)})")
-    steps = sum(r.step_stats.count for r in evidence.ranks)
+    counts = sorted({r.step_stats.count for r in evidence.ranks})
+    steps = sum(counts)
     if steps or not evidence.ranks or evidence.run_kind() != "evaluation":
-        t.append(f" · {steps} step(s)")
+        if len(evidence.ranks) > 1:   # each rank runs the same loop: its own count, not their sum
+            per = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+            t.append(f" · {per} step(s) per rank")
+        else:
+            t.append(f" · {steps} step(s)")
     if evidence.ranks:
         med = evidence.primary.median_step()
         if med:
@@ -168,8 +173,10 @@ def folded_quiet(findings, evidence) -> list[Text]:
     passed = [f for f in findings if f.severity is Severity.PASS]
     skipped = [f for f in findings if f.severity is Severity.SKIPPED]
     groups: dict[str, list] = {"gpu": [], "single": [], "attach": [], "other": []}
+    single = len(evidence.ranks) <= 1
     for f in skipped:
-        groups[_skip_group(f, cpu_run)].append(f)
+        g = _skip_group(f, cpu_run)
+        groups["other" if g == "single" and not single else g].append(f)
     gpu_why = "a CPU run"
     if any("NVML" in (f.message or "") for f in groups["gpu"]):
         gpu_why += ", no NVIDIA driver"
