@@ -2,12 +2,13 @@
 left the baseline's). Pure functions of step times and losses (numpy, no torch, no I/O), tested on
 synthetic data.
 
-Speed-up = baseline median step / trial median step, with the interval of
-:func:`diag.compare.stats.compare` (moving-block bootstrap, runs resampled, and Welch's t over the
-runs' medians when there are several). The "runs" are the alternated runs of the script (restart
-knobs) or the alternated blocks of steps of one process (switch knobs): either way baseline and
-trial are interleaved in time, so a machine that slows down or speeds up during the trials widens
-the interval instead of posing as an effect.
+Speed-up = baseline median step / trial median step (the estimate of
+:func:`diag.compare.stats.compare`: the mean over runs of each run's median). The "runs" are the
+alternated runs of the script (restart knobs) or the alternated blocks of steps of one process
+(switch knobs): baseline and trial alternate in rounds, so the interval pairs each trial run with the
+baseline run of its round (:func:`paired`): a machine whose load changes during the trials slows
+both neighbours alike. The interval reported is the wider of the bootstrap's and the paired one: a
+verdict needs both to agree, and at least MIN_VERDICT_STEPS judged steps on each side.
 """
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from diag.compare.stats import compare
+from diag.compare.stats import compare, t_quantile
 
 MIN_EFFECT = 0.03        # a speed-up (or slow-down) under 3% is "no change" even when the interval excludes 1
 LOSS_TOLERANCE = 0.10    # the trial's mean loss may differ from the baseline's by 10% of it ...
 LOSS_SIGMAS = 3.0        # ... and by 3 standard errors of the difference, before the trial is "broke"
 MIN_BLOCK_STEPS = 2      # a block (or run) with fewer judged steps is left out
+MIN_VERDICT_STEPS = 20   # fewer judged steps on a side: "unknown" (on a shared machine a few steps say little)
 VERDICTS = ("faster", "no change", "slower", "broke", "unknown", "not applicable", "left out")
 
 
@@ -79,9 +81,31 @@ class Trial:
         return d
 
 
+def paired(base_runs: Sequence[Sequence[float]], trial_runs: Sequence[Sequence[float]],
+           confidence: float = 0.95) -> tuple[float, float] | None:
+    """The interval of the speed-up from the rounds, each trial run (or block) paired with the baseline
+    run (or block) of the same round, its neighbour in time: Student's t over the per-round log
+    ratios of the medians. A machine whose load changes from minute to minute slows both neighbours
+    alike, so the pairing cancels it where an unpaired interval would take it all as noise. None with
+    fewer than 2 complete pairs."""
+    pairs = [(b, t) for b, t in zip(base_runs, trial_runs) if len(b) >= MIN_BLOCK_STEPS and len(t) >= MIN_BLOCK_STEPS]
+    if len(pairs) < 2:
+        return None
+    d = np.array([math.log(float(np.median(b)) / float(np.median(t))) for b, t in pairs
+                  if np.median(b) > 0 and np.median(t) > 0])
+    if d.size < 2:
+        return None
+    se = float(d.std(ddof=1)) / math.sqrt(d.size)
+    q = t_quantile(1 - (1 - confidence) / 2, d.size - 1)
+    return math.exp(float(d.mean()) - q * se), math.exp(float(d.mean()) + q * se)
+
+
 def speedup(base: Side, trial: Side, seed: int = 0):
-    """(speed-up, low, high) or None when a side has too few steps. compare(a=trial, b=base) is
-    stat(base) / stat(trial): above 1 the trial is faster."""
+    """(speed-up, low, high) or None when a side has too few steps. The estimate and its interval
+    come from :func:`diag.compare.stats.compare` (``a`` = trial, ``b`` = baseline: stat(base) /
+    stat(trial), above 1 the trial is faster; runs or blocks resampled, Welch's t over their medians);
+    with two or more rounds the interval is widened to hold the paired one (:func:`paired`) too, so
+    that a verdict needs both views to agree."""
     a = [r for r in trial.runs if len(r) >= MIN_BLOCK_STEPS]
     b = [r for r in base.runs if len(r) >= MIN_BLOCK_STEPS]
     if not a or not b:
@@ -89,7 +113,11 @@ def speedup(base: Side, trial: Side, seed: int = 0):
     eff = compare(a, b, kind="ratio", seed=seed)
     if eff is None:
         return None
-    return eff.estimate, eff.low, eff.high
+    p = paired(base.runs, trial.runs)
+    if p is None:
+        return eff.estimate, eff.low, eff.high
+    # both views must agree: the bootstrap over runs (or blocks) and the pairing by round
+    return eff.estimate, min(p[0], eff.low, eff.estimate), max(p[1], eff.high, eff.estimate)
 
 
 def loss_guard(base: Sequence[float], trial: Sequence[float]) -> tuple[str | None, float | None]:
@@ -139,6 +167,12 @@ def judge(trial: Trial, base: Side, side: Side, seed: int = 0) -> Trial:
         trial.speedup, trial.ci_low, trial.ci_high = s
     if broke:
         trial.verdict, trial.why = "broke", broke
+        return trial
+    if s is not None and min(side.steps, base.steps) < MIN_VERDICT_STEPS:
+        trial.verdict = "unknown"
+        trial.why = (f"too few steps for a verdict ({side.steps} with the knob, {base.steps} without; "
+                     f"{MIN_VERDICT_STEPS} each are needed): give the script more steps (its arguments after --) "
+                     "or a larger --budget")
         return trial
     if s is None:
         trial.verdict = "unknown"
