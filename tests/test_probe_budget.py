@@ -17,11 +17,14 @@ from diag.probe.core import Probe  # noqa: E402
 
 
 class CostlyExtras:
-    """Spends ``cost_s`` of its own at each sampled step's end (what a CUDA-event timeline costs)."""
+    """Spends ``cost_s`` of its own at each sampled step's end (what a CUDA-event timeline costs), or
+    ``share`` of the step it ends when that is more (a cost relative to the step measured in the same
+    run: a loaded machine that stretches the steps stretches the extras with them)."""
     SAMPLED_EXTRAS = True
 
-    def __init__(self, cost_s: float):
+    def __init__(self, cost_s: float, share: float = 0.0):
         self.cost_s = cost_s
+        self.share = share
         self.worked: list[int] = []
         self.told: list[bool] = []
 
@@ -34,7 +37,7 @@ class CostlyExtras:
     def on_step_end(self, ctx, step):
         if step.get("sampled", True):
             self.worked.append(step["index"])
-            end = time.perf_counter() + self.cost_s
+            end = time.perf_counter() + max(self.cost_s, self.share * step["total_s"])
             while time.perf_counter() < end:
                 pass
 
@@ -83,10 +86,10 @@ def _run(ext, steps: int, monkeypatch, budget: str | None = None):
 
 
 def test_costly_extras_are_sampled_and_every_step_is_still_recorded(monkeypatch):
-    ext = CostlyExtras(cost_s=0.0005)        # 500 µs a step: 25% of a ~2 ms step, far over 1%
-    events = _run(ext, 120, monkeypatch)
+    ext = CostlyExtras(cost_s=0.0005, share=0.5)   # half a step: 50 times the 1% budget, loaded or not
+    events = _run(ext, 200, monkeypatch)
     steps = [e for e in events if e["kind"] == E.STEP]
-    assert [s["index"] for s in steps] == list(range(1, 121))      # the core records every step
+    assert [s["index"] for s in steps] == list(range(1, 201))      # the core records every step
     unsampled = [s["index"] for s in steps if s.get("sampled") is False]
     sampled = [s["index"] for s in steps if s.get("sampled", True)]
     assert set(range(1, FIRST + 1)) <= set(sampled)               # the first steps always sampled

@@ -125,10 +125,13 @@ class Budget:
         """Is step ``index`` (1-based) sampled under the current period?"""
         return index <= self.first or (index - self.first) % self.period == 0
 
-    def after_step(self, total_s: float, core_s: float, extras_s: float) -> bool:
+    def after_step(self, total_s: float, core_s: float, extras_s: float,
+                   extras_sampled: bool | None = None) -> bool:
         """Feed one step: its wall time, the probe's core time on it and its extras' time (extras
-        counted a step late are fine: they are summed over the window). Returns whether the next step
-        is sampled (also ``self.sampled``)."""
+        counted a step late are fine: they are summed over the window). ``extras_sampled``: whether the
+        step the extras were measured on was sampled, when the caller feeds them a step late (the probe
+        decides the next step before its extensions' step-end work); default: this step. Returns
+        whether the next step is sampled (also ``self.sampled``)."""
         was = self.sampled
         self.steps = i = self.steps + 1
         if was:
@@ -137,7 +140,8 @@ class Budget:
             if 0.0 < total_s < _INF:        # (NaN compares false)
                 self._total.append(total_s)
             self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
-            self._extras.append((extras_s if 0.0 < extras_s < _INF else 0.0, was))
+            self._extras.append((extras_s if 0.0 < extras_s < _INF else 0.0,
+                                 was if extras_sampled is None else extras_sampled))
             if i > self.first and (i - self.first) % self.review == 0:
                 self._review(i)
             i += 1
@@ -157,6 +161,8 @@ class Budget:
                 # with the step after it when that one was not sampled: extras counted a step late
                 nxt = ex[j + 1] if j + 1 < len(ex) else None
                 per.append(x + (nxt[0] if nxt is not None and not nxt[1] else 0.0))
+        if not per:
+            return          # no sampled step in the window: nothing new to judge the extras by
         extras = _median(per)
         room = self.share * step - core
         if extras <= 0 or room >= extras:
