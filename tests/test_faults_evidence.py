@@ -163,10 +163,11 @@ def test_schema_1_files_still_load_and_give_the_same_findings():
     added = [f for f in got if f["check"] not in known]
     # (and the evaluation checks of issue 18 need evaluation steps, which a schema 1 file has not)
     # (issue 33's host.contention and inference.after-training judge what a schema 1 file has: the host's
-    # CPU series and the forward sites with their first step)
+    # CPU series and the forward sites with their first step; issue 29's sharded checks need a sharded run)
     assert {f["check"] for f in added} == {"gpu.idle", "probe.overhead", "eval.inference-mode", "eval.train-mode",
                                            "eval.small-batch", "eval.host-sync", "eval.amp", "host.contention",
-                                           "inference.after-training"}
+                                           "inference.after-training", "sharded.exposed-comm",
+                                           "sharded.mixed-precision", "sharded.cpu-offload"}
     judged_from_v1 = {"host.contention", "inference.after-training"}
     assert all(f["severity"] == "skipped" for f in added if f["check"] not in judged_from_v1), added
     assert all(f["severity"] == "pass" for f in added if f["check"] in judged_from_v1), added
