@@ -59,7 +59,7 @@ def _async_loading(r) -> bool:
     return max(r.dataloaders, key=lambda d: d.batches).num_workers > 0
 
 
-def rank_phases(r, skip_warmup: int = 1, device: bool = False) -> dict | None:
+def rank_phases(r, skip_warmup: int | None = None, device: bool = False) -> dict | None:
     """Medians over a rank's timed steps of each phase, its collective wait and its batch size; with
     ``device``, the phases on the device clock (CUDA events) where the rank recorded a timeline."""
     steps = r.timed_steps(skip_warmup)

@@ -51,7 +51,7 @@ def _multi(ev) -> bool:
     return len(ev.ranks) > 1 or any(r.world_size > 1 for r in ev.ranks)
 
 
-def rank_comm(r, skip_warmup: int = 1) -> dict | None:
+def rank_comm(r, skip_warmup: int | None = None) -> dict | None:
     """A rank's communication per step, over its timed steps: the median step and exposed wait, and
     per kind the mean calls, exposed seconds and bytes per step; the device clock's exposed wait
     when CUDA events were recorded."""
