@@ -450,3 +450,34 @@ def test_fsdp1_configuration_is_recorded(tmp_path, monkeypatch):
     assert f["limit_all_gathers"] is True and f["cpu_offload"] is False and f["mixed_precision"] is None
     assert f["sharding_strategy"] == "NO_SHARD"                    # what FSDP1 makes of one rank
     assert f["params"] == 8 * 8 + 8 + 8 * 8 + 8 + 8 + 1
+
+
+def test_persistent_memory_counts_a_dtensor_parameter_at_its_local_shard():
+    """FSDP2's parameters and optimizer states are DTensors: the memory probe counts this rank's
+    shard (its local tensor), not the global size the DTensor reports."""
+    from diag.probe.memory import MemoryProbe
+
+    class Shard:          # what the probe reads of a DTensor: its local tensor
+        def __init__(self, full, local):
+            self._local_tensor = local
+            self.device = full.device
+            self.grad = None
+
+        def numel(self):
+            return 10 ** 9     # the global size: never what a rank holds
+
+    full = torch.zeros(64, 64)
+    local = torch.zeros(32, 64)
+
+    class Model:
+        def parameters(self):
+            return [Shard(full, local)]
+
+        def buffers(self):
+            return []
+
+    probe = MemoryProbe()
+    probe._model = lambda ctx: Model()
+    probe._optimizers = lambda: []
+    got = probe._persistent(None)
+    assert got["params"] == local.numel() * local.element_size()

@@ -376,6 +376,9 @@ class MemoryProbe:
         seen: set = set()
 
         def nbytes(t) -> int:
+            local = getattr(t, "_local_tensor", None)   # a DTensor (FSDP2, tensor parallel): this rank's shard
+            if local is not None:
+                t = local
             if device_type is not None and t.device.type != device_type:
                 return 0
             try:
