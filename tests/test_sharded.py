@@ -455,6 +455,7 @@ def test_fsdp1_configuration_is_recorded(tmp_path, monkeypatch):
 def test_persistent_memory_counts_a_dtensor_parameter_at_its_local_shard():
     """FSDP2's parameters and optimizer states are DTensors: the memory probe counts this rank's
     shard (its local tensor), not the global size the DTensor reports."""
+    torch = pytest.importorskip("torch")
     from diag.probe.memory import MemoryProbe
 
     class Shard:          # what the probe reads of a DTensor: its local tensor
