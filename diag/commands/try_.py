@@ -63,8 +63,9 @@ def add_arguments(p) -> None:
     t.add_argument("--budget", type=duration, default=300.0, metavar="TIME",
                    help="time for all the trials together, e.g. 90s, 5m (default 5m); what does not fit is "
                         "reported as left out")
-    t.add_argument("--rounds", type=positive_int, default=3, metavar="N",
-                   help="runs of each restart knob (and of the baseline), alternated (default 3; at least 2)")
+    t.add_argument("--rounds", type=positive_int, default=None, metavar="N",
+                   help="at most N runs of each restart knob (and of the baseline), alternated (default: as "
+                        "many as the budget allows, 2 to 8)")
     t.add_argument("--block", type=positive_int, default=5, metavar="N",
                    help="steps per block of the switch knobs' alternation (default 5; the first of each "
                         "block is not judged)")
@@ -93,7 +94,7 @@ def run(args) -> int:
                         hint="diag try --list shows the knobs; diag try --help the options")
     if args.from_ and len(args.from_) > 1:
         raise DiagError("diag try takes one --from (the evidence of one run)")
-    if args.rounds < 2:
+    if args.rounds is not None and args.rounds < 2:
         raise DiagError("--rounds must be at least 2: one run of each side says nothing of run-to-run noise")
     if args.block < 3:
         raise DiagError("--block must be at least 3 steps (the first step of each block is not judged)")

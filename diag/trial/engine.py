@@ -47,7 +47,7 @@ class TryConfig:
     steps: int | None = None
     budget_s: float = DEFAULT_BUDGET_S
     from_evidence: list[str] | None = None
-    rounds: int = DEFAULT_ROUNDS
+    rounds: int | None = None                # restart rounds at most (None: as the budget allows, up to 8)
     block: int = DEFAULT_BLOCK
     root: str = ".diag/try"
     progress: Callable[[str], None] | None = None
@@ -218,7 +218,7 @@ class Engine:
             self.step_s = times[len(times) // 2] if times else 0.1
             self.est_run_s = max(float(rank.steps[0].t - rank.steps[0].total_s), 0.5) if rank.steps else 10.0
         alloc = allocate(self.left(), self.est_run_s or 10.0, self.step_s or 0.1, steps, len(plan.switch),
-                         len(plan.restart), cfg.block, reused_baselines=len(baseline_runs))
+                         len(plan.restart), cfg.block, reused_baselines=len(baseline_runs), max_restart=cfg.rounds)
         for p in plan.restart[alloc["restart_knobs"]:]:
             res.not_tried.append({"knob": p.spec, "verdict": "left out",
                                   "why": f"the budget ({cfg.budget_s:.0f} s) leaves no room for 2 runs of it "
@@ -351,7 +351,7 @@ class Engine:
             self._switch_trials([], min(r, MAX_SWITCH_ROUNDS), arms=["base", "+".join(specs)], label="combined",
                                 kind="combined")
             return
-        rounds = min(max(self.cfg.rounds, 2), int(self.left() // max(2 * per_run, 1e-6)))
+        rounds = min(self.cfg.rounds or DEFAULT_ROUNDS, int(self.left() // max(2 * per_run, 1e-6)))
         if rounds < 2:
             res.not_tried.append({"knob": name, "verdict": "left out",
                                   "why": "the budget leaves no room for 2 runs of the winners combined"})
@@ -370,7 +370,7 @@ MAX_RESTART_ROUNDS = 8
 
 
 def allocate(left: float, startup_s: float, step_s: float, steps: int, n_switch: int, n_restart: int,
-             block: int, reused_baselines: int = 1) -> dict[str, int]:
+             block: int, reused_baselines: int = 1, max_restart: int | None = None) -> dict[str, int]:
     """How many rounds the switch run and the restart runs get within ``left`` seconds: at least 2
     each (else restart knobs are dropped, last first, then the switch run), then grown in turn while
     the budget holds (up to MAX_*_ROUNDS), 4 runs' worth kept for the winners combined (2 rounds of 2
@@ -398,7 +398,7 @@ def allocate(left: float, startup_s: float, step_s: float, steps: int, n_switch:
     grow = True
     while grow:
         grow = False
-        if rr and rr < MAX_RESTART_ROUNDS and switch_cost(rs) + restart_cost(rr + 1, k) <= avail:
+        if rr and rr < (max_restart or MAX_RESTART_ROUNDS) and switch_cost(rs) + restart_cost(rr + 1, k) <= avail:
             rr += 1
             grow = True
         if rs and rs < MAX_SWITCH_ROUNDS and switch_cost(rs + 1) + restart_cost(rr, k) <= avail:
