@@ -102,6 +102,47 @@ class Probe:
     def __init__(self, sink: Callable[[dict], None], *, max_steps: int | None = None,
                  rank: int = 0, local_rank: int = 0, world_size: int = 1,
                  extensions: list | None = None, script: str | None = None):
+        # The attributes the per-step path reads, first (issue 28). An instance dict this large is a
+        # combined table whose entries keep insertion order, and an attribute read touches its entry:
+        # inserted together, the hot ones share a few cache lines, which after a step's work are cold.
+        # (Each is set again below, with its comment; re-assigning keeps an entry's place.)
+        self.active = self._forked = self.in_backward = False
+        self.depth = self._in_data = self.own_ns = 0
+        self._handover = None
+        self.steps = None
+        self._ext_live = {}
+        self._has_params = {}
+        self._top_module = None
+        self._top_depth = 0
+        self._seek_model = False
+        self.forward_start = 0.0
+        self._fwd_models = {}
+        self._sites = {}
+        self._site_counts = {}
+        self._site_dirty = set()
+        self._bwd_wrapped = False
+        self._last_model = None
+        self._opt_start = {}
+        self._opt_seen = {}
+        self._optimizers = {}
+        self._close_ns = 0
+        self._budget_checked_n = -1
+        self._ext_n = 0
+        self._budget = None
+        self._own_mark = 0
+        self._est_marks = (0, 0, 0)
+        self._bwd_calls = 0
+        self.slow_path_ns = self.hooked_call_ns = self.autograd_hook_ns = 0.0
+        self._est_ns = 0.0
+        self._step_sink = None
+        self.sink = sink
+        self.t0 = 0.0
+        self.rank = rank
+        self._sink_ns = 0
+        self._env_refreshed = False
+        self.max_steps = max_steps
+        self._finishing = False
+        self.sampled = True
         self.sink = sink
         self.max_steps = max_steps
         self.rank = rank
@@ -186,6 +227,7 @@ class Probe:
         self._step_sink: tuple | None = None  # (sink, its file sink, tags): the step event's fast path
         self._last_core_s = 0.0               # the last accounted step's probe time, core and extras
         self._last_extras_s = 0.0
+        self._last_sampled = True             # whether that step was sampled (its extras ran)
 
     # ---- events ------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -502,8 +544,9 @@ class Probe:
             t0 = n0 * 1e-9      # (perf_counter's clock)
             if probe._ext_live.get("on_data", True):
                 probe._ext("on_data", "start")
+                probe.own_ns += _ns() - n0
+            # (else the few lines since n0 are left in the data wait, untimed: a clock read costs more)
             probe._in_data += 1
-            probe.own_ns += _ns() - n0
             try:
                 batch = orig_next(it)
             except StopIteration:
@@ -1097,8 +1140,9 @@ class Probe:
             if kwargs or len(args) > 1 or (args and args[0] is not opt) else None
         if wrapped is not None:
             sm.begin_training(time.perf_counter())   # its forwards and backwards run inside
-        self._opt_start[id(opt)] = time.perf_counter()
-        self.own_ns += _ns() - t0
+        n1 = _ns()
+        self._opt_start[id(opt)] = n1 * 1e-9     # (perf_counter's clock: one read for both)
+        self.own_ns += n1 - t0
         return wrapped
 
     def _opt_post(self, opt, args, kwargs):
@@ -1282,7 +1326,8 @@ class Probe:
             # work (which reads ctx.sampled as the next step's), from the last accounted step's costs
             if not self.sampled:
                 ev["sampled"] = False
-            self.sampled = b.after_step(ev["total_s"], self._last_core_s, self._last_extras_s)
+            self.sampled = b.after_step(ev["total_s"], self._last_core_s, self._last_extras_s,
+                                        self._last_sampled)
             if b.changes:
                 for change in b.pop_changes():
                     self.emit(E.PROBE_SAMPLING, **change)
@@ -1318,6 +1363,7 @@ class Probe:
             self._extras_ns = extras
             self._last_extras_s = d / 1e9
             self._last_core_s = max(probe_ns - d, 0) / 1e9
+            self._last_sampled = ev.get("sampled", True)
         if in_window:
             ev["probe_window"] = True
         dirty = self._site_dirty
