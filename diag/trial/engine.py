@@ -291,15 +291,29 @@ class Engine:
     def _restart_trials(self, picks: list[P.Pick], baseline_runs: list[RunOut], steps: int, rounds: int) -> None:
         res = self.result
         runs: dict[str, list[RunOut]] = {p.spec: [] for p in picks}
-        for r in range(rounds):
+        n_knobs = len(picks) + len(self.result.trials)
+        r = 0
+        while True:
+            if r >= rounds:
+                # more rounds while the measured runs say the budget holds them (and the combined trial's)
+                walls = [x["wall_s"] for x in self.result.runs[-(len(picks) + 1):]]
+                per = sum(walls) / len(walls) if walls else 0.0
+                reserve = 4 * per if n_knobs >= 2 else 0.0
+                if r >= (self.cfg.rounds or MAX_RESTART_ROUNDS) or self.left() < (len(picks) + 1) * per + reserve:
+                    break
             if r >= len(baseline_runs):
                 baseline_runs.append(self.run(f"baseline (round {r + 1})", fixed=[], steps=steps))
                 self._learn(baseline_runs[-1])
+            ended = False
             for p in picks:
                 if self.est_run_s and self.left() < self.est_run_s + steps * (self.step_s or 0) and r >= 1:
                     res.notes.append(f"the budget ended round {r + 1} early")
+                    ended = True
                     break
                 runs[p.spec].append(self.run(f"{p.spec} (round {r + 1})", fixed=[p.spec], steps=steps))
+            r += 1
+            if ended:
+                break
         base = _restart_side(baseline_runs, False)
         for p in picks:
             res.trials.append(self._restart_trial(p.spec, "restart", [p.spec], base, runs[p.spec]))
