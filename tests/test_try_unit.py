@@ -492,3 +492,34 @@ def test_engine_flow_guards_and_combined_on_simulated_runs():
                               "why": KNOBS["eval.batch"].outside}]
     assert res.summary.startswith("debug.anomaly + dataloader.workers=2:")
     assert labels[0] == "switch knobs" and any("round 3" in x for x in labels)
+
+
+def test_check_try_writes_the_measured_effect_into_each_finding(monkeypatch):
+    from diag.trial import annotate as A
+    from diag.trial import engine as E
+
+    res = TryResult(script="t.py")
+    res.trials = [J.Trial("dataloader.workers=3", "restart", verdict="faster", speedup=3.1, ci_low=2.9, ci_high=3.3,
+                          steps=60, knobs=["dataloader.workers=3"]),
+                  J.Trial("debug.anomaly", "switch", verdict="no change", speedup=1.01, ci_low=0.95, ci_high=1.08,
+                          steps=40, knobs=["debug.anomaly"])]
+    res.not_tried = [{"knob": "amp.fp16", "verdict": "not applicable", "why": "needs a GradScaler"}]
+    seen = {}
+
+    def fake_run_try(cfg):
+        seen["cfg"] = cfg
+        return res
+
+    monkeypatch.setattr(E, "run_try", fake_run_try)
+    fs = [_F("dataloader.workers", "error", {"knob": "dataloader.workers", "recommended_workers": 3}),
+          _F("debug.anomaly-detection", "warning"), _F("amp.fp16-without-scaler", "error"),
+          _F("eval.no-grad", "warning")]
+    for f in fs:
+        f.message = "Measured."
+    A.annotate("EV", fs, "t.py", ["--epochs", "2"], steps=30)
+    assert seen["cfg"].evidence == "EV" and seen["cfg"].findings is fs and seen["cfg"].args == ["--epochs", "2"]
+    assert fs[0].message.endswith("Measured by diag try: 3.10x faster (2.90-3.30) in 60 steps.")
+    assert fs[0].evidence["measured"]["verdict"] == "faster"
+    assert "no significant change (0.95-1.08x) in 40 steps" in fs[1].message
+    assert "not applicable (needs a GradScaler)" in fs[2].message
+    assert fs[3].message == "Measured."
