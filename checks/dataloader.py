@@ -95,7 +95,7 @@ def dataloader_workers(ctx):
     """Share of step time the training steps spend waiting in DataLoader.__next__ for the
     *training* loader (the loader whose batches fed training steps, not evaluation loaders: their
     waits are the evaluation phase's): the median over the steady training steps of data wait / step
-    time (RankEvidence.data_wait_share(), the one share every check reads; the steady steps (docs/steps.md), and with
+    time (RankEvidence.data_wait_share(), the one share every check reads; the warm-up steps out (docs/steps.md), and with
     workers the steps that fetched an epoch's first batch: dataloader.persistent-workers judges those).
     Warning at >= 10% of step time, error at >= 30%. Passes when the wait is negligible (under 10%,
     or under 0.5 ms per step: a worker's hand-over costs about that), even with num_workers=0. Recommends a num_workers from the measured per-batch fetch time (f = wait with 0
