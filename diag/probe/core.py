@@ -102,47 +102,6 @@ class Probe:
     def __init__(self, sink: Callable[[dict], None], *, max_steps: int | None = None,
                  rank: int = 0, local_rank: int = 0, world_size: int = 1,
                  extensions: list | None = None, script: str | None = None):
-        # The attributes the per-step path reads, first (issue 28). An instance dict this large is a
-        # combined table whose entries keep insertion order, and an attribute read touches its entry:
-        # inserted together, the hot ones share a few cache lines, which after a step's work are cold.
-        # (Each is set again below, with its comment; re-assigning keeps an entry's place.)
-        self.active = self._forked = self.in_backward = False
-        self.depth = self._in_data = self.own_ns = 0
-        self._handover = None
-        self.steps = None
-        self._ext_live = {}
-        self._has_params = {}
-        self._top_module = None
-        self._top_depth = 0
-        self._seek_model = False
-        self.forward_start = 0.0
-        self._fwd_models = {}
-        self._sites = {}
-        self._site_counts = {}
-        self._site_dirty = set()
-        self._bwd_wrapped = False
-        self._last_model = None
-        self._opt_start = {}
-        self._opt_seen = {}
-        self._optimizers = {}
-        self._close_ns = 0
-        self._budget_checked_n = -1
-        self._ext_n = 0
-        self._budget = None
-        self._own_mark = 0
-        self._est_marks = (0, 0, 0)
-        self._bwd_calls = 0
-        self.slow_path_ns = self.hooked_call_ns = self.autograd_hook_ns = 0.0
-        self._est_ns = 0.0
-        self._step_sink = None
-        self.sink = sink
-        self.t0 = 0.0
-        self.rank = rank
-        self._sink_ns = 0
-        self._env_refreshed = False
-        self.max_steps = max_steps
-        self._finishing = False
-        self.sampled = True
         self.sink = sink
         self.max_steps = max_steps
         self.rank = rank
