@@ -2,8 +2,8 @@
 left the baseline's). Pure functions of step times and losses (numpy, no torch, no I/O), tested on
 synthetic data.
 
-Speed-up = baseline median step / trial median step (the estimate of
-:func:`diag.compare.stats.compare`: the mean over runs of each run's median). The "runs" are the
+Speed-up = baseline step / trial step, each the estimate of :func:`diag.compare.stats.compare`
+with the statistic :func:`trimmed_mean` (the mean over runs of each run's 10%-trimmed mean step). The "runs" are the
 alternated runs of the script (restart knobs) or the alternated blocks of steps of one process
 (switch knobs): baseline and trial alternate in rounds, so the interval pairs each trial run with the
 baseline run of its round (:func:`paired`): a machine whose load changes during the trials slows
@@ -28,6 +28,23 @@ MIN_VERDICT_STEPS = 20   # fewer judged steps on a side: "unknown" (on a shared 
 VERDICTS = ("faster", "no change", "slower", "broke", "unknown", "not applicable", "left out")
 
 
+TRIM = 0.1               # the step statistic: the mean of each run's steps without its slowest and fastest 10%
+
+
+def trimmed_mean(values, axis: int = -1):
+    """The mean without the lowest and highest TRIM of the values along ``axis`` (the statistic
+    :func:`diag.compare.stats.compare` is given). Not the median: a run whose loader prefetches has
+    steps that alternate between instant and waiting for a batch, and the median of such a run jumps
+    between the two (per-run medians of one knob spread 12-70 ms where the trimmed means spread
+    33-68 ms); the mean is the throughput, trimmed so that a load spike does not carry it."""
+    a = np.sort(np.asarray(values, dtype=float), axis=axis)
+    n = a.shape[axis]
+    k = int(n * TRIM)
+    if k and n - 2 * k >= 1:
+        a = np.take(a, np.arange(k, n - k), axis=axis)
+    return np.mean(a, axis=axis)
+
+
 @dataclass
 class Side:
     """One side of a trial: per-run (or per-block) step times in seconds, step order kept; the losses
@@ -42,8 +59,9 @@ class Side:
         return sum(len(r) for r in self.runs)
 
     def median_step(self) -> float | None:
-        vals = [v for r in self.runs for v in r]
-        return float(np.median(vals)) if vals else None
+        """The typical step: the mean over runs of each run's trimmed mean (as the speed-up's estimate)."""
+        vals = [float(trimmed_mean(r)) for r in self.runs if r]
+        return float(np.mean(vals)) if vals else None
 
     def samples_per_s(self) -> float | None:
         m = self.median_step()
@@ -85,14 +103,14 @@ def paired(base_runs: Sequence[Sequence[float]], trial_runs: Sequence[Sequence[f
            confidence: float = 0.95) -> tuple[float, float] | None:
     """The interval of the speed-up from the rounds, each trial run (or block) paired with the baseline
     run (or block) of the same round, its neighbour in time: Student's t over the per-round log
-    ratios of the medians. A machine whose load changes from minute to minute slows both neighbours
+    ratios of the trimmed means. A machine whose load changes from minute to minute slows both neighbours
     alike, so the pairing cancels it where an unpaired interval would take it all as noise. None with
     fewer than 2 complete pairs."""
     pairs = [(b, t) for b, t in zip(base_runs, trial_runs) if len(b) >= MIN_BLOCK_STEPS and len(t) >= MIN_BLOCK_STEPS]
     if len(pairs) < 2:
         return None
-    d = np.array([math.log(float(np.median(b)) / float(np.median(t))) for b, t in pairs
-                  if np.median(b) > 0 and np.median(t) > 0])
+    d = np.array([math.log(float(trimmed_mean(b)) / float(trimmed_mean(t))) for b, t in pairs
+                  if trimmed_mean(b) > 0 and trimmed_mean(t) > 0])
     if d.size < 2:
         return None
     se = float(d.std(ddof=1)) / math.sqrt(d.size)
@@ -110,7 +128,7 @@ def speedup(base: Side, trial: Side, seed: int = 0):
     b = [r for r in base.runs if len(r) >= MIN_BLOCK_STEPS]
     if not a or not b:
         return None
-    eff = compare(a, b, kind="ratio", seed=seed)
+    eff = compare(a, b, kind="ratio", statistic=trimmed_mean, seed=seed)
     if eff is None:
         return None
     p = paired(base.runs, trial.runs)
