@@ -97,7 +97,7 @@ def test_a_script_that_fails_on_its_own_exits_3(tmp_path):
 
 @pytest.mark.slow
 def test_workers_knob_is_measured_faster_and_runs_are_contained(tmp_path):
-    r = _try(tmp_path, "--knob", "dataloader.workers=4", "--rounds", "3", "--steps", "12", "--budget", "150s")
+    r = _try(tmp_path, "--knob", "dataloader.workers=4", "--steps", "12", "--budget", "150s")
     assert r.code == 0, r.stderr[-3000:]
     data = json.loads(r.stdout)
     (t,) = data["trials"]
