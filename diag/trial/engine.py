@@ -329,8 +329,12 @@ class Engine:
                 cur["notes"] += [n for n in st.get("notes") or [] if n not in cur["notes"]]
         t.applied = _applied(status, ids)
         bad = [r for r in runs if r.status in ("failed", "oom", "killed")]
+        hung = [r for r in runs if r.status == "timeout"]
         side = _restart_side(runs, "compile" in ids)
         J.judge(t, base, side)
+        if hung and not bad:
+            return J.failed(t, f"a run with the knob on was stopped at diag's time limit ({hung[0].error or 'max time'}; "
+                               f"{len(hung[0].steps)} steps done): it hung, or ran far slower than the baseline")
         if bad:
             return J.failed(t, f"the script failed with the knob on: {bad[0].error or bad[0].status}"
                             + (f" (log: {bad[0].run_dir}/log.txt)" if bad[0].run_dir else ""))
@@ -477,6 +481,8 @@ def _read(label: str, run_dir: str, wall: float, ev) -> RunOut:
     times = [s["total_s"] for s in steps if not s["instrumented"] and s["total_s"] > 0]
     med = statistics.median(times[1:] if len(times) > 3 else times) if times else None
     st = ev.run.status
+    if st == "timeout":
+        error = ev.run.stop_reason
     if st in ("failed", "oom") and error is None:
         error = ev.run.stop_reason or f"exit status {ev.run.exit_code}"
     return RunOut(label=label, run_dir=run_dir, wall_s=wall, status=st, steps=steps, losses=losses,
