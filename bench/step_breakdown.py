@@ -58,7 +58,8 @@ def main() -> int:
     ap.add_argument("--noext", action="store_true", help="the probe without extensions")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    from diag.probe import core, stepmachine, sink as sink_mod, watchdog
+    from diag.probe import core, stepmachine, watchdog
+    from diag.probe import sink as sink_mod
     from diag.probe.extensions import load_extensions
 
     # the pieces (before install: the install binds some of them into closures)
