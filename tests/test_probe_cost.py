@@ -191,3 +191,50 @@ def test_the_event_writers_thread_is_stated_per_step_beside_the_probes_own_share
                                            "of its own")
     # an older evidence file (no writer figures): the headline as before
     assert "event writer" not in probe_cost.headline(probe_cost.summarize(steps, {"by_part": {"hooks": 1e-3}}))
+
+
+def test_the_fix_names_the_largest_part_of_a_steady_step_not_the_first_steps_one_off_work():
+    """A memory replay in step 1 is most of the probe's time over a short run: the fix must still name
+    what a steady step pays (the parts counted after the first steps), not the extension whose one-off
+    work would not shrink the per-step cost if turned off."""
+    summary = {"by_part": {"hooks": 0.10, "sink": 0.02, "MemoryProbe": 0.13, "estimated": 0.001},
+               "by_part_steady": {"hooks": 0.09, "sink": 0.02, "MemoryProbe": 0.0001, "estimated": 0.001},
+               "median_probe_s": 30e-6, "median_step_s": 200e-6}
+    fix = probe_cost.lighten(summary)
+    assert "MemoryProbe" not in fix and "probe's hooks" in fix
+    assert "MemoryProbe" in probe_cost.lighten({"by_part": summary["by_part"]})   # old evidence: the run's totals
+
+
+def test_the_probe_reports_its_parts_from_step_5_and_its_run_start_and_end_apart():
+    torch = __import__("pytest").importorskip("torch")
+    from diag.probe.core import STEADY_FROM, Probe
+
+    class Once:
+        def install(self, ctx):
+            pass
+
+        def on_exit(self, ctx, status):
+            import time
+            time.sleep(0.01)
+
+        def uninstall(self, ctx):
+            pass
+
+    events: list[dict] = []
+    probe = Probe(events.append, extensions=[Once()])
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe.install()
+    try:
+        for _ in range(STEADY_FROM + 3):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        probe.finish("completed", 0)
+    finally:
+        probe.uninstall()
+    cost = probe.own_cost()
+    assert cost["steady_after_step"] == STEADY_FROM
+    assert set(cost["by_part_steady"]) >= {"hooks", "sink", "estimated"}
+    assert cost["once_s"]["Once"] >= 0.009                    # its on_exit, outside the steps
+    assert cost["by_part"].get("Once", 0.0) < 0.001            # and not in the per-step parts

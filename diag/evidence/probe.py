@@ -17,6 +17,9 @@ class ProbeSection(Section):
     timed_s: float | None = None            # timed around its hook bodies, extensions and event writes (s)
     estimated_s: float | None = None        # what the timer cannot see (torch's dispatch of the probe's hooks), priced by a calibration at install (s)
     by_part: dict[str, Any] | None = None   # own_s by part: hooks, sink, each extension's class name, estimated (s)
+    by_part_steady: dict[str, Any] | None = None  # by_part counted from the close of step steady_after_step (the probe's one-off work in the first steps left out: what a steady step pays, by part) (s)
+    steady_after_step: int | None = None    # the step by_part_steady counts from
+    once_s: dict[str, Any] | None = None    # each extension's work at the run's start and end (install, on_exit: e.g. the memory replay), outside the steps and not in own_s (s)
     calibration_us: dict[str, Any] | None = None  # the install's calibration: µs per hooked forward, per backward's callbacks, per module call in a window
     slow_path_us_per_call: float | None = None  # torch's cost of a global hook pair per module call here (µs)
     handover: bool | None = None            # hooks handed over to the outermost modules (false: global hooks throughout)
@@ -102,7 +105,7 @@ def summarize(steps: Iterable[Any], cost: dict | None = None) -> dict | None:
                    median_probe_s=statistics.median([own[i] for i in off]) + frac * extra_s,
                    sampled_share=frac, sampled_extra_s=extra_s)
     if cost:
-        for k in ("by_part", "windows", "window_reasons", "handovers", "slow_path_us_per_call", "own_s",
+        for k in ("by_part", "by_part_steady", "windows", "window_reasons", "handovers", "slow_path_us_per_call", "own_s",
                   "timed_s", "estimated_s", "calibration_us", "handover", "writer_s"):
             if k in cost:
                 out[k] = cost[k]
@@ -141,7 +144,7 @@ def short_headline(summary: dict | None) -> str | None:
 
 def lighten(summary: dict) -> str:
     """How to make the probe lighter: the largest part of its time, and the switch for it."""
-    parts = dict(summary.get("by_part") or {})
+    parts = dict(summary.get("by_part_steady") or summary.get("by_part") or {})
     if not parts:
         return ("Rerun with fewer probe extensions (DIAG_PROBE_DISABLE=perfprobe,memoryprobe,"
                 "distributedprobe,flopcounter turns them off one by one).")

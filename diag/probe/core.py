@@ -235,6 +235,8 @@ class Probe:
         self._ext_live: dict[str, bool] = {}   # method -> whether any extension implements it (hot paths
         self._ext_n = len(value)               # check it before calling _ext: a call saved per hook)
         self._ext_idle: set = set()     # (id(extension), method) no longer called (Probe.idle)
+        if not hasattr(self, "_ext_once_ns"):
+            self._ext_once_ns: dict[str, int] = {}   # per extension: install, on_exit, uninstall
 
     def _ext(self, method: str, *args) -> None:
         # the extensions that implement `method`, looked up once per method (issue 20: this runs
@@ -251,7 +253,9 @@ class Probe:
                                           for ext in exts if getattr(ext, method, None) is not None
                                           and (id(ext), method) not in idle]
             self._ext_live[method] = bool(fns)
-        ext_ns = self._ext_ns
+        # the run's start and end (install, on_exit: a memory replay, a capture) are not per-step
+        # work: they are kept apart, so that the per-step parts name what a step pays
+        ext_ns = self._ext_ns if method not in _ONCE else self._ext_once_ns
         for ext, name, fn in fns:
             t0 = _ns()
             try:
@@ -386,6 +390,16 @@ class Probe:
                                   "hooked_forward": round(self.hooked_call_ns / 1e3, 4),
                                   "backward_callbacks": round(self.autograd_hook_ns / 1e3, 4)},
                "handover": ho is not None}
+        mark = getattr(self, "_parts_mark", None)
+        if mark is not None:    # the same parts after the first steps: what a steady step pays, by part
+            index, own0, sink0, est0, ext0 = mark
+            ext_d = {k: (v - ext0.get(k, 0)) / 1e9 for k, v in self._ext_ns.items()}
+            timed_d, sink_d = (self.own_ns - own0) / 1e9, (self._sink_ns - sink0) / 1e9
+            out["by_part_steady"] = {"hooks": max(timed_d - sink_d - sum(ext_d.values()), 0.0), "sink": sink_d,
+                                     **ext_d, "estimated": (self._est_ns - est0) / 1e9}
+            out["steady_after_step"] = index
+        if self._ext_once_ns:   # the extensions' work at the run's start and end, outside any step
+            out["once_s"] = {k: v / 1e9 for k, v in self._ext_once_ns.items()}
         writer = getattr(self.sink, "writer_ns", None)   # FileSink's writer thread (TaggedSink passes it on)
         if isinstance(writer, int):
             out["writer_s"] = writer / 1e9
@@ -1277,6 +1291,10 @@ class Probe:
         t_close = self._close_ns = _ns()
         self.depth = 0   # a step ends outside any forward: heal a count a swallowed exception left raised
         self._seek_model = False
+        if step.index == STEADY_FROM:
+            # the parts of the probe's time so far (the first steps carry its one-off work: the memory
+            # replay, the FLOP count, the first model's description): own_cost's steady parts start here
+            self._parts_mark = (step.index, self.own_ns, self._sink_ns, self._est_ns, dict(self._ext_ns))
         if self._budget_checked_n != self._ext_n:
             self._budget_lookup()
         b = self._budget
@@ -1423,6 +1441,8 @@ class Probe:
 
 
 _ns = time.perf_counter_ns
+_ONCE = frozenset({"install", "uninstall", "on_exit"})   # extension hooks that run once, outside the steps
+STEADY_FROM = 5   # own_cost's steady parts count from this step's close (diag.evidence.probe.PROBE_WARMUP)
 _SEQ = (list, tuple)
 
 
