@@ -90,6 +90,9 @@ class Trial:
     loss_change: float | None = None   # (trial mean loss - baseline's) / |baseline's|
     applied: str = ""                  # what the probe did ("num_workers 0 -> 1", ...)
     knobs: list[str] = field(default_factory=list)   # the knob ids in it (several when combined)
+    # the judged step times (seconds, µs-rounded), pooled over runs or blocks, step order kept:
+    # {"baseline": [...], "trial": [...]} (the HTML report draws their distributions)
+    step_times: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -178,6 +181,8 @@ def judge(trial: Trial, base: Side, side: Side, seed: int = 0) -> Trial:
     trial.step_s, trial.baseline_step_s = side.median_step(), base.median_step()
     trial.samples_per_s, trial.baseline_samples_per_s = side.samples_per_s(), base.samples_per_s()
     trial.peak_memory, trial.baseline_peak_memory = side.peak_memory, base.peak_memory
+    trial.step_times = {name: [round(float(x), 6) for r in s.runs for x in r if math.isfinite(float(x))]
+                        for name, s in (("baseline", base), ("trial", side))}
     broke, rel = loss_guard(base.losses, side.losses)
     trial.loss_change = rel
     s = speedup(base, side, seed)
