@@ -247,7 +247,10 @@ def loud_ids(o: Outcome) -> dict[str, list[str]]:
             # a data wait found on a contended host is an info that says workers will not help (issue 33):
             # found all the same, its severity reshaped by the machine's load, not by the script
             host = (f.get("evidence") or {}).get("host") or {}
-            if not (f["id"] == "dataloader.workers" and host.get("contended")):
+            # (the training loader's: a training run's evaluation loader is judged beside it, always an
+            # info, with the same host figures; counting it too made big_eval_plant's one cause two)
+            if not (f["id"] == "dataloader.workers" and host.get("contended")
+                    and not (f.get("evidence") or {}).get("evaluation")):
                 continue
             out.setdefault(f["id"], []).append("warning")
             continue
