@@ -26,6 +26,7 @@ examples:
   diag try --from .diag/runs/<id>/evidence.json --script train.py   knobs from a saved run's findings
   diag try --list                                        every knob and how diag applies it
   diag try --script train.py --format json -o try.json
+  diag try --script train.py --format html -o try.html   one page: the table, each trial's step times
 
 verdicts: faster / slower (the 95% interval excludes 1x and the change is at least 3%) · no change
           broke (crashed, out of memory, NaN/inf loss, or a loss curve beyond 10% of the baseline's)
@@ -71,9 +72,12 @@ def add_arguments(p) -> None:
                         "block is not judged)")
     t.add_argument("--list", action="store_true", help="list every knob and how diag applies it, then exit")
     r = p.add_argument_group("reporting")
-    r.add_argument("--format", choices=("text", "json", "markdown"), default="text",
-                   help="text for people (default); json (schema in docs/try.md) or markdown")
-    r.add_argument("--output", "-o", metavar="FILE", help="also write the report to FILE")
+    r.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text",
+                   help="text for people (default); json (schema in docs/try.md), markdown, or html (one "
+                        "self-contained page with each trial's step-time distribution beside its baseline's, "
+                        "written to -o FILE only)")
+    r.add_argument("--output", "-o", metavar="FILE", help="also write the report to FILE (with --format html: "
+                                                            "write it only there)")
 
 
 def run(args) -> int:
@@ -111,6 +115,9 @@ def run(args) -> int:
         parent = os.path.dirname(os.path.abspath(args.output)) or "."
         if os.path.isdir(args.output) or not os.path.isdir(parent):
             raise DiagError(f"cannot write the report to {args.output!r}: give a file in an existing directory")
+    if args.format == "html" and not args.output and sys.stdout.isatty():
+        raise DiagError("--format html writes a web page, which a terminal cannot show: give -o FILE",
+                        hint="diag try --script train.py --format html -o try.html")
     import os
 
     cfg = TryConfig(script=os.path.abspath(args.script), args=list(getattr(args, "script_args", []) or []),
@@ -119,7 +126,11 @@ def run(args) -> int:
                     progress=lambda s: (sys.stderr.write(f"diag try: {s}\n"), sys.stderr.flush()))
     result = run_try(cfg)
     text = render(result, args.format)
-    sys.stdout.write(text)
+    if args.format == "html" and args.output:    # the page goes to the file; the terminal gets the text
+        sys.stdout.write(render(result, "text"))
+        sys.stderr.write(f"diag try: the HTML report is in {args.output}\n")
+    else:
+        sys.stdout.write(text)
     sys.stdout.flush()
     if args.output:
         from diag.commands._common import write_report

@@ -154,8 +154,16 @@ def render_markdown(result) -> str:
     return "\n".join(out)
 
 
+def render_html(result) -> str:
+    """One self-contained page with the what-if section (diag/report/try_html.py)."""
+    from diag.report.try_html import render_html as _page
+
+    return _page(result)
+
+
 def render(result, fmt: str) -> str:
-    return {"text": render_text, "json": render_json, "markdown": render_markdown}[fmt](result)
+    return {"text": render_text, "json": render_json, "markdown": render_markdown,
+            "html": render_html}[fmt](result)
 
 
 def render_list(rows: list[dict]) -> str:
