@@ -10,7 +10,8 @@
 #                                    system's torch, the wheels of .gpu-wheels/ into .gpu-venv/), run
 #
 # With the device tool: run(command="scripts/gpu-check.sh", carry=[".gpu-wheels"]) after --prepare;
-# everything comes back under $OUT. Parts (in this order): gpus twins overhead mfu nvml_cost gpu_tests.
+# everything comes back under $OUT. Parts (in this order): gpus twins try overhead mfu nvml_cost gpu_tests
+# (try: `diag try --knob amp.bf16` on the fp32 twin amp_unused, the measured speed-up beside the predicted one).
 # The whole run, install included, stops within 465 s (GPU_CHECK_TOTAL_S); each part has its own cap.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +37,7 @@ case "${1:-}" in
     shift
     exec "$PY" scripts/gpu_check.py --dry-run "$@" ;;
   -h|--help)
-    sed -n '2,16p' "$0"; exit 0 ;;
+    sed -n '2,15p' "$0"; exit 0 ;;
 esac
 
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then

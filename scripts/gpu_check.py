@@ -10,14 +10,13 @@ part passed, 1 when one failed, 2 on bad usage.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import importlib.util
 import time
 from pathlib import Path
 
@@ -70,11 +69,18 @@ TWINS = [
      {"quiet": True, "evidence": {"gpu.low-utilization": [("samples", ">=", 10)]}}),
 ]
 
+# issue 32: `diag try` measures the bf16 knob on the fp32 twin that amp.unused fires on (a matmul-bound MLP,
+# 60 steps): (twin name in TWINS, script, env). Its twins-part report gives the predicted gain (amp.unused's
+# min/max_step_speedup) and the evidence `diag try --from` takes (no first run of its own).
+TRY_TWIN = ("amp_unused", "amp_unused.py", {})
+TRY_KNOB = "amp.bf16"
+TRY_BUDGET_S = 45      # diag try --budget: the switch run (blocks of 5 steps, bf16 off and on) of a 60-step script
+
 # in order of priority: the slow, older gpu tests last, so that a squeezed budget cuts them first
-PARTS = ["gpus", "twins", "overhead", "mfu", "nvml_cost", "gpu_tests"]
+PARTS = ["gpus", "twins", "try", "overhead", "mfu", "nvml_cost", "gpu_tests"]
 # the most seconds a part may take (the twins stop starting workloads past theirs), so that one slow part
 # cannot starve the ones after it; gpu_tests gets what is left
-PART_BUDGET = {"gpus": 50, "twins": 300, "overhead": 100, "mfu": 90, "nvml_cost": 30}
+PART_BUDGET = {"gpus": 50, "twins": 300, "try": 75, "overhead": 100, "mfu": 90, "nvml_cost": 30}
 DESCRIBE = {
     "gpus": "`diag gpus` and `diag gpus --json` on the real driver",
     "gpu_tests": "pytest -m gpu tests/test_gpu_real.py tests/test_memory_gpu.py (NVML on a real driver; memory "
@@ -86,8 +92,12 @@ DESCRIBE = {
     "mfu": "achieved MFU of a bf16 matmul-bound workload (cost.mfu) vs the catalogue peak, and a raw bf16 "
            "matmul's TFLOP/s",
     "nvml_cost": "NVML sampler cost: mean seconds per NvmlProvider.sample() over 200 calls",
+    "try": f"`diag try --knob {TRY_KNOB} --format json --budget {TRY_BUDGET_S}s` on the fp32 twin "
+           f"tests/scripts/cuda/{TRY_TWIN[1]}: the measured bf16 speed-up (95% interval, verdict; faster expected) "
+           "beside the gain amp.unused predicted on the same twin",
 }
-TIMEOUT = {"gpus": 25, "gpu_tests": 180, "twin": 60, "overhead": 45, "mfu_raw": 30, "mfu": 60, "nvml_cost": 30}
+TIMEOUT = {"gpus": 25, "gpu_tests": 180, "twin": 60, "overhead": 45, "mfu_raw": 30, "mfu": 60, "nvml_cost": 30,
+           "try": 75}
 
 
 class Run:
@@ -281,6 +291,69 @@ def part_overhead(run: Run):
              step_ms_plain=statistics.median(p["plain"] for p in ok_pairs), budget_pct=1.0)
 
 
+def _predicted(run: Run, twin: str) -> tuple[dict, str | None]:
+    """amp.unused's predicted gain on ``twin`` (from its twins-part report) and the evidence path of that
+    run (for ``diag try --from``), or ({}, None) where the twins part did not run it."""
+    try:
+        report = json.loads((run.reports / f"{twin}.json").read_text())
+    except Exception:
+        return {}, None
+    f = _findings(report).get("amp.unused") or {}
+    e = f.get("evidence") or {}
+    basis = e.get("speedup_basis") or {}
+    pred = {"severity": f.get("severity"), "min_step_speedup": e.get("min_step_speedup"),
+            "max_step_speedup": e.get("max_step_speedup"), "predictable": basis.get("predictable"),
+            "launch_bound": basis.get("launch_bound"), "forward_backward_share": e.get("forward_backward_share"),
+            "message": f.get("message")} if f else {}
+    evidence = _get(report, "run.evidence")
+    return pred, (evidence if evidence and Path(evidence).exists() else None)
+
+
+def part_try(run: Run):
+    """diag try on the fp32 twin: the measured bf16 speed-up beside the predicted one (issue 32)."""
+    twin, script, env = TRY_TWIN
+    pred, evidence = _predicted(run, twin)
+    rep_path = run.reports / f"try-{twin}.json"
+    cmd = run.diag + ["try", "--script", str(CUDA / script), "--knob", TRY_KNOB, "--budget", f"{TRY_BUDGET_S}s",
+                      "--steps", "20", "--format", "json", "--output", str(rep_path)]
+    if evidence:
+        cmd[4:4] = ["--from", evidence]      # the twins part's run is the first run: no start-up paid again
+    work = run.out / "try-work"      # diag try copies its working directory for each run: an empty one
+    work.mkdir(parents=True, exist_ok=True)
+    rc, so, se, dt = run.sh(f"try-{twin}", cmd, TIMEOUT["try"], env={"PYTHONPATH": str(CUDA), **env}, cwd=work)
+    path = CUDA / script
+    shown = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    res = {"twin": twin, "script": shown, "knob": TRY_KNOB, "rc": rc,
+           "seconds": round(dt, 1), "predicted": pred, "from_twin_run": bool(evidence)}
+    try:
+        report = json.loads(rep_path.read_text())
+    except Exception as e:
+        last = (se.strip().splitlines() or ["no output"])[-1]
+        run.part("try", False, why=f"no diag try report ({type(e).__name__}, rc {rc}): {last[:300]}; "
+                                   f"see logs/try-{twin}.log", **res)
+        return
+    trial = next((t for t in report.get("trials") or [] if TRY_KNOB in (t.get("knobs") or [])), None)
+    runs = report.get("runs") or []
+    res.update(device=report.get("device"), summary=report.get("summary"),
+               clock="device" if runs and all(r.get("clock") == "device" for r in runs) else "wall")
+    if trial is None:
+        nt = next((n for n in report.get("not_tried") or [] if n.get("knob") == TRY_KNOB), {})
+        run.part("try", False, why=f"{TRY_KNOB} was not tried: {nt.get('verdict', '?')}: {nt.get('why', '')}"[:400],
+                 **res)
+        return
+    res.update({k: trial.get(k) for k in ("verdict", "speedup", "ci_low", "ci_high", "steps", "baseline_steps",
+                                          "runs", "step_s", "baseline_step_s", "loss_change", "why")})
+    problems = []
+    if not str(report.get("device") or "").startswith("cuda"):
+        problems.append(f"the trial ran on {report.get('device') or 'no device'}, not a GPU: not a GPU figure")
+    if trial.get("verdict") != "faster":
+        problems.append(f"{TRY_KNOB} was {trial.get('verdict')} ({trial.get('why')}); faster expected on a "
+                        "matmul-bound fp32 twin")
+    if problems:
+        res["problems"] = problems
+    run.part("try", not problems, **res)
+
+
 RAW_MATMUL = """
 import json, time, torch
 n = 8192
@@ -347,6 +420,15 @@ def readme_figures(figures: dict) -> dict:
         return _get(((tw.get(w) or {}).get("findings") or {}).get(cid, {}).get("evidence") or {}, key)
 
     ov, mfu, gt, nv = (parts.get(k, {}) for k in ("overhead", "mfu", "gpu_tests", "nvml_cost"))
+
+    def _try_figures(t: dict) -> dict | None:
+        if not t:
+            return None
+        pred = t.get("predicted") or {}
+        return {"twin": t.get("twin"), "verdict": t.get("verdict"), "measured_speedup": t.get("speedup"),
+                "ci_low": t.get("ci_low"), "ci_high": t.get("ci_high"), "steps": t.get("steps"),
+                "clock": t.get("clock"), "predicted_low": pred.get("min_step_speedup"),
+                "predicted_high": pred.get("max_step_speedup"), "why": t.get("why")}
     return {
         "date": figures.get("started"), "gpu": figures.get("device"), "torch": figures.get("torch"),
         "parts_ok": sorted(k for k, v in parts.items() if v.get("ok")),
@@ -357,6 +439,7 @@ def readme_figures(figures: dict) -> dict:
         "raw_bf16_matmul_tflops": (mfu.get("raw_bf16_matmul") or {}).get("tflops"),
         "memory_estimate_error_pct": {e["model"]: e["error_pct"] for e in gt.get("memory_estimate", [])},
         "nvml_sample_ms": nv.get("per_sample_ms"),
+        "bf16_try": _try_figures(parts.get("try") or {}),
         "twins_ok": f"{sum(1 for r in tw.values() if r.get('ok'))}/{len(tw)}" if tw else None,
         "twins_failed": sorted(k for k, r in tw.items() if not r.get("ok")),
         "timeline": {
@@ -375,8 +458,8 @@ def readme_figures(figures: dict) -> dict:
     }
 
 
-FUNCS = {"gpus": part_gpus, "gpu_tests": part_gpu_tests, "twins": part_twins, "overhead": part_overhead,
-         "mfu": part_mfu, "nvml_cost": part_nvml_cost}
+FUNCS = {"gpus": part_gpus, "gpu_tests": part_gpu_tests, "twins": part_twins, "try": part_try,
+         "overhead": part_overhead, "mfu": part_mfu, "nvml_cost": part_nvml_cost}
 
 
 def summary(run: Run) -> str:
@@ -400,6 +483,17 @@ def summary(run: Run) -> str:
                 f"{e['model']} {e['error_pct']}%" for e in p.get("memory_estimate", []))
         elif name == "gpus":
             extra = ", ".join(map(str, p.get("devices", [])))
+        elif name == "try":
+            pred = p.get("predicted") or {}
+            said = (f"predicted {pred.get('min_step_speedup') or '?'}-{pred.get('max_step_speedup')}x"
+                    if pred.get("max_step_speedup") else "no predicted gain (the twin's amp.unused said none)")
+            extra = (f"{p.get('twin')}: {p.get('knob')} measured {p.get('speedup'):.2f}x "
+                     f"({p.get('ci_low'):.2f}-{p.get('ci_high'):.2f}) {p.get('verdict')}, {said}"
+                     if p.get("speedup") is not None and p.get("ci_low") is not None
+                     else f"{p.get('twin')}: {p.get('verdict') or 'no trial'}")
+            trouble = p.get("problems") or ([p["why"]] if not p.get("ok") and p.get("why") else [])
+            if trouble:
+                extra += "; " + "; ".join(trouble)[:300]
         lines.append(f"  {name:<10} {mark} {extra}")
         if name == "twins":
             t = (run.figures.get("readme") or {}).get("timeline") or {}

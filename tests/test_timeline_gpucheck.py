@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
@@ -153,3 +152,86 @@ def test_the_whole_run_is_time_boxed_under_eight_minutes():
     assert set(mod.PART_BUDGET) == set(mod.PARTS) - {"gpu_tests"}
     # the twins' cap holds at least the typical run of every twin (~15 s each on an H200)
     assert mod.PART_BUDGET["twins"] >= 15 * len(mod.TWINS)
+
+
+# ---- the try part (issue 32): diag try on the fp32 twin, the measured bf16 speed-up beside the predicted one
+
+TINY_FP32 = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+for step in range(60):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_try_part_is_listed_and_capped():
+    p = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--only", "try"], capture_output=True, text=True,
+                       timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    assert p.returncode == 0, p.stderr
+    mod = _gpu_check()
+    assert "diag try --knob amp.bf16 --format json" in p.stdout and f"tests/scripts/cuda/{mod.TRY_TWIN[1]}" in p.stdout
+    assert f"[at most {mod.PART_BUDGET['try']} s]" in p.stdout
+    assert mod.TRY_TWIN[0] in {t[0] for t in mod.TWINS}               # its prediction comes from the twins part
+    assert mod.PARTS.index("twins") < mod.PARTS.index("try")
+    assert mod.TIMEOUT["try"] <= mod.PART_BUDGET["try"] and mod.TRY_BUDGET_S + 20 <= mod.TIMEOUT["try"]
+
+
+@pytest.mark.slow
+def test_try_part_plumbing_on_cpu_fails_clearly(tmp_path):
+    """The try part end to end on a CPU (a tiny fp32 twin): diag try runs, its JSON is parsed, the
+    predicted gain is read from the twin's check report, and the part fails with one clear reason (the
+    trial ran on a CPU: not a GPU figure), never a crash."""
+    mod = _gpu_check()
+    script = tmp_path / "tiny_fp32.py"
+    script.write_text(TINY_FP32)
+    mod.TRY_TWIN = ("tiny", str(script), {})
+    run = mod.Run(tmp_path / "out", budget=300)
+    (run.reports / "tiny.json").write_text(json.dumps({"run": {"evidence": str(tmp_path / "gone.json")}, "findings": [
+        {"id": "amp.unused", "severity": "warning", "message": "m", "evidence": {
+            "min_step_speedup": 1.4, "max_step_speedup": 2.83, "speedup_basis": {"predictable": True}}}]}))
+    mod.part_try(run)
+    p = json.loads((tmp_path / "out" / "figures.json").read_text())["parts"]["try"]
+    assert p["ok"] is False and p["from_twin_run"] is False          # the evidence file is gone: a first run
+    assert p["predicted"]["max_step_speedup"] == 2.83 and p["predicted"]["min_step_speedup"] == 1.4
+    assert p["device"] == "cpu" and p["steps"] >= 20 and p["verdict"] in ("faster", "no change", "slower", "unknown")
+    assert any("not a GPU figure" in x for x in p["problems"]), p
+    assert (tmp_path / "out" / "reports" / "try-tiny.json").exists()
+    assert "Traceback" not in (tmp_path / "out" / "logs" / "try-tiny.log").read_text()
+    r = mod.readme_figures(run.figures)["bf16_try"]
+    assert r["predicted_high"] == 2.83 and r["measured_speedup"] == p["speedup"] and r["twin"] == "tiny"
+
+
+def test_try_part_without_a_report_says_why(tmp_path, monkeypatch):
+    """diag try fails before writing its report (here: a script that does not exist): one reason, no crash."""
+    mod = _gpu_check()
+    mod.TRY_TWIN = ("missing", str(tmp_path / "missing.py"), {})
+    run = mod.Run(tmp_path / "out", budget=120)
+    mod.part_try(run)
+    p = run.figures["parts"]["try"]
+    assert p["ok"] is False and p["why"].startswith("no diag try report") and "logs/try-missing.log" in p["why"]
+    assert p["predicted"] == {}
+
+
+def test_summary_and_readme_figures_carry_the_measured_beside_the_predicted():
+    mod = _gpu_check()
+    part = {"ok": True, "twin": "amp_unused", "knob": "amp.bf16", "verdict": "faster", "speedup": 6.2,
+            "ci_low": 5.9, "ci_high": 6.5, "steps": 22, "clock": "device",
+            "predicted": {"min_step_speedup": 1.9, "max_step_speedup": 2.83}}
+    figures = {"device": "NVIDIA H200", "elapsed_s": 100.0, "parts": {"try": part}}
+    r = mod.readme_figures(figures)["bf16_try"]
+    assert (r["measured_speedup"], r["ci_low"], r["ci_high"]) == (6.2, 5.9, 6.5)
+    assert (r["predicted_low"], r["predicted_high"], r["clock"]) == (1.9, 2.83, "device")
+
+    class R:
+        pass
+
+    run = R()
+    run.figures = dict(figures, readme=r)
+    assert "amp.bf16 measured 6.20x (5.90-6.50) faster, predicted 1.9-2.83x" in mod.summary(run)
