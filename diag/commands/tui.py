@@ -9,10 +9,12 @@ from diag.errors import DiagError, ExitCode
 
 DESCRIPTION = """\
 Open diag's terminal app. With --script it runs the script, unchanged, under the probe and shows the
-findings as evidence accumulates (tabs: Checks, Steps, GPUs, Memory, Cost, Log). With --from it
+findings as evidence accumulates (tabs: Checks, Steps, GPUs, Memory, Cost, Log, Try). With --from it
 replays a saved evidence.json (nothing is executed). With neither it is a GPU monitor with a cost
-calculator. Keys: 1-6 tabs · p pause · s stop the script · w save · ? help · q quit (stops the
-script and its descendants, then prints where the run directory is)."""
+calculator. The Try tab, once the script has finished, runs diag try's trials on the knobs its
+findings point to (t) and fills the table as each verdict arrives (escape cancels).
+Keys: 1-7 tabs · p pause · s stop the script · t run the trials · w save · ? help · q quit (stops the
+script, or the trials, and their descendants, then prints where the run directory is)."""
 
 EPILOG = """\
 examples:
@@ -149,7 +151,14 @@ def run(args) -> int:
 
     from diag.tui.app import DiagApp
 
-    app = DiagApp(source, gpu, refresh_s=args.refresh)
+    trials = None
+    if args.script:
+        trials = TryFeed(args.script, list(args.script_args or []))
+    elif args.from_:
+        from diag.tui.models.try_ import ReplayFeed
+
+        trials = ReplayFeed(getattr(evidence.run, "script", None))
+    app = DiagApp(source, gpu, refresh_s=args.refresh, trials=trials)
     if baseline is not None:
         app.baseline = baseline                     # read by the Steps tab
     terminated: list[str] = []
@@ -158,6 +167,9 @@ def run(args) -> int:
         app.run()
     finally:
         restore()
+        if trials is not None and trials.running:   # nothing the trials started outlives diag
+            trials.cancel()
+            trials.wait_ended(60)
         if run is not None:
             _finish(run, app)
         if attach is not None:
@@ -183,6 +195,25 @@ def run(args) -> int:
         if ev.run.status in ("failed", "oom", "killed"):
             return ExitCode.SCRIPT_FAILED
     return ExitCode.OK
+
+
+def TryFeed(script: str, script_args: list[str]):
+    """The Try tab's trial runner: ``diag try``'s engine on the live run's evidence and findings (no
+    first run), the script run again in copies of the working directory. The TUI only shows it."""
+    import os
+
+    from diag.tui.models.try_ import TrialFeed
+
+    class _Feed(TrialFeed):
+        def _run(self, evidence, findings, knobs, *, progress, update, cancel):
+            from diag.trial.engine import DEFAULT_BUDGET_S, TryConfig, run_try
+
+            cfg = TryConfig(script=os.path.abspath(script), args=list(script_args), knobs=list(knobs) or None,
+                            budget_s=DEFAULT_BUDGET_S, evidence=evidence, findings=findings, progress=progress,
+                            on_update=lambda res: update(res.to_dict()), cancel=cancel)
+            return run_try(cfg).to_dict()
+
+    return _Feed()
 
 
 def _exit_app_on_termination(app, terminated: list):

@@ -53,6 +53,8 @@ class TryConfig:
     progress: Callable[[str], None] | None = None
     evidence: Any = None                     # a run already judged (diag check --try): no first run
     findings: list | None = None             # its findings
+    on_update: Callable[[Any], None] | None = None   # called with the TryResult so far after each run and phase (diag tui)
+    cancel: Any = None                       # a threading.Event: once set, the run in progress is stopped and the trials end as interrupted
 
 
 @dataclass
@@ -146,17 +148,29 @@ class Engine:
             run = Run(RunConfig(script=copy.script, args=list(self.cfg.args), steps=steps, max_time=max_time,
                                 run_dir=str(run_dir), echo=None, env=env, gpu=False))
             run.start()
+            if self.cfg.cancel is not None:
+                while run.running and not self.cfg.cancel.wait(0.1):
+                    pass
+                if self.cfg.cancel.is_set():
+                    run.stop("stopped: the trials were cancelled", "stopped")
             ev = run.wait()
         finally:
             os.chdir(self.cwd)
             copy.remove()
+        if self.cfg.cancel is not None and self.cfg.cancel.is_set():
+            raise KeyboardInterrupt
         wall = time.monotonic() - t
         out = _read(label, str(run_dir), wall, ev)
         self.result.runs.append({"label": label, "run_dir": str(run_dir), "wall_s": round(wall, 3),
                                  "status": out.status, "steps": len(out.steps), "clock": out.clock})
         self.say(f"  {out.status}, {len(out.steps)} steps in {wall:.1f} s"
                  + (f" (median step {out.median_step * 1e3:.1f} ms)" if out.median_step else ""))
+        self.update()
         return out
+
+    def update(self) -> None:
+        if self.cfg.on_update:
+            self.cfg.on_update(self.result)
 
     # ---- the whole ----------------------------------------------------------------------------------
     def go(self) -> TryResult:
@@ -229,10 +243,15 @@ class Engine:
                                       "why": f"the budget ({cfg.budget_s:.0f} s) leaves no room for 2 rounds "
                                              "of blocks"})
         try:
+            self.update()
+            if self.cfg.cancel is not None and self.cfg.cancel.is_set():
+                raise KeyboardInterrupt
             if plan.switch and alloc["switch"]:
                 self._switch_trials(plan.switch, alloc["switch"])
+                self.update()
             if alloc["restart_knobs"]:
                 self._restart_trials(plan.restart[:alloc["restart_knobs"]], baseline_runs, steps, alloc["restart"])
+                self.update()
             self._combined(steps)
         except KeyboardInterrupt:
             res.interrupted = True

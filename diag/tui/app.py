@@ -36,7 +36,7 @@ from diag.tui.widgets.steps import StepsPane
 TABS_RUN = ("checks", "steps", "gpus", "memory", "cost", "log")
 TABS_MONITOR = ("gpus", "cost")
 TAB_TITLES = {"checks": "Checks", "steps": "Steps", "gpus": "GPUs", "memory": "Memory", "cost": "Cost",
-              "log": "Log"}
+              "log": "Log", "try": "Try"}
 
 STOP_WAIT_S = 8.0      # quit: how long to wait for the script to end before leaving anyway
 
@@ -63,6 +63,8 @@ class DiagApp(App[int]):
         Binding("4", "tab(4)", show=False),
         Binding("5", "tab(5)", show=False),
         Binding("6", "tab(6)", show=False),
+        Binding("7", "tab(7)", show=False),
+        Binding("t", "run_trials", show=False),
         Binding("p", "pause", "pause"),
         Binding("s", "stop", "stop script"),
         Binding("w", "save", "save"),
@@ -73,7 +75,7 @@ class DiagApp(App[int]):
 
     def __init__(self, source: Source | None = None, gpu=None, *, clock: Callable[[], float] = time.time,
                  refresh_s: float = 0.5, tick_s: float = 0.25, initial_tab: str | None = None,
-                 cost_defaults: dict | None = None, save_dir: str | None = None) -> None:
+                 cost_defaults: dict | None = None, save_dir: str | None = None, trials=None) -> None:
         super().__init__()
         self.source = source or Source()
         self.gpu = gpu
@@ -82,6 +84,9 @@ class DiagApp(App[int]):
         self.tick_s = tick_s
         self.mode = self.source.mode
         self.tabs = TABS_MONITOR if self.mode == "monitor" else TABS_RUN
+        self.trials = trials                       # a diag.tui.models.try_.TrialFeed: the Try tab (diag try)
+        if trials is not None and self.mode != "monitor":
+            self.tabs = self.tabs + ("try",)
         self.initial_tab = initial_tab if initial_tab in self.tabs else self.tabs[0]
         self.cost_defaults = cost_defaults or {}
         self.save_dir = save_dir
@@ -124,6 +129,10 @@ class DiagApp(App[int]):
             from diag.tui.widgets.cost import CostPane
 
             return CostPane(defaults=self.cost_defaults, id="pane-cost")
+        if tab == "try":
+            from diag.tui.widgets.try_ import TryPane
+
+            return TryPane(self.trials, id="pane-try")
         raise ValueError(tab)
 
     def get_key_display(self, binding: Binding) -> str:
@@ -326,15 +335,45 @@ class DiagApp(App[int]):
         self.push_screen(HelpScreen())
 
     def action_unfocus(self) -> None:
+        if self.active_tab == "try" and self._try_pane() is not None and self._try_pane().cancel():
+            return
         self.set_focus(None)
 
+    def _try_pane(self):
+        if "try" not in self.tabs:
+            return None
+        try:
+            return self.pane("try")
+        except NoMatches:
+            return None
+
+    def action_run_trials(self) -> None:
+        pane = self._try_pane()
+        if pane is None:
+            return
+        self.query_one("#tabs", TabbedContent).active = "try"
+        if not pane.running:
+            pane.start()
+
     async def action_quit(self) -> None:
+        pane = self._try_pane()
+        if pane is not None and pane.running and not self._quitting:
+            self._quitting = True                  # a second q leaves at once (the command still waits)
+            pane.cancel()
+            self.notify("cancelling the trials: the run in progress is stopped…", timeout=4)
+            self._wait_trials_then_exit()
+            return
         if self._quitting or not self.source.running:
             self.exit(0)
             return
         self._quitting = True
         self.stop_script("stopped: diag tui was closed")
         self._wait_then_exit()
+
+    @work(thread=True, group="quit")
+    def _wait_trials_then_exit(self) -> None:
+        self.trials.wait_ended(STOP_WAIT_S + 10)
+        self.call_from_thread(self.exit, 0)
 
     @work(thread=True, group="quit")
     def _wait_then_exit(self) -> None:
