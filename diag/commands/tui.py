@@ -206,10 +206,10 @@ def TryFeed(script: str, script_args: list[str]):
 
     class _Feed(TrialFeed):
         def _run(self, evidence, findings, knobs, *, progress, update, cancel):
-            from diag.trial.engine import DEFAULT_BUDGET_S, TryConfig, run_try
+            from diag.trial.engine import TryConfig, run_try
 
             cfg = TryConfig(script=os.path.abspath(script), args=list(script_args), knobs=list(knobs) or None,
-                            budget_s=DEFAULT_BUDGET_S, evidence=evidence, findings=findings, progress=progress,
+                            budget_s=self.budget_s, evidence=evidence, findings=findings, progress=progress,
                             on_update=lambda res: update(res.to_dict()), cancel=cancel)
             return run_try(cfg).to_dict()
 

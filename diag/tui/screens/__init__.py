@@ -10,11 +10,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = [
-    ("1 … 6", "switch tab: Checks, Steps, GPUs, Memory, Cost, Log (GPU monitor: 1 GPUs, 2 Cost)"),
+    ("1 … 7", "switch tab: Checks, Steps, GPUs, Memory, Cost, Log, Try (GPU monitor: 1 GPUs, 2 Cost)"),
+    ("t", "Try tab: run diag try's trials on the knobs the findings point to (escape cancels them)"),
     ("p", "pause / resume updates (the script keeps running; nothing is lost)"),
     ("s", "stop the script (asks first); its findings stay browsable"),
     ("w", "save: evidence.json, report.json and report.txt in the run directory"),
-    ("q", "quit: stops the script and its descendants, prints where the run directory is"),
+    ("q", "quit: stops the script (or the trials) and its descendants, prints where the run directory is"),
     ("?", "this help"),
     ("↑ ↓ / PgUp PgDn", "move in the findings list, scroll the detail and the log"),
     ("tab / shift+tab", "move the focus (findings list, detail, cost form)"),
