@@ -176,3 +176,15 @@ def test_browser_renders_every_chart_without_errors(chromium, page_text, tmp_pat
     assert r.errors == [] and r.console_errors == []
     assert r.body.get("data-rendered") == "ok"
     assert int(r.body["data-charts"]) == len(Page(page_text).find("canvas")) == 2
+
+
+def test_nav_links_only_to_sections_on_the_page():
+    """No winner: no fix section, and the nav does not point to one; every nav link has its target."""
+    res = synthetic()
+    res.trials = res.trials[1:]                       # no change and broke only
+    res.not_tried = []
+    p = Page(render_html(res))
+    targets = [a["href"][1:] for a in p.find("a") if a.get("href", "").startswith("#")]
+    assert "fixes" not in p.ids() and "fixes" not in targets
+    assert set(targets) <= p.ids()
+    assert "Notes" in p.text and "the script ended before its blocks did" in " ".join(p.text)

@@ -140,11 +140,13 @@ def _what_if(data: dict, charts: dict[str, Any]) -> str:
     for i, t in enumerate(trials):
         slug = _slug(t["knob"])
         verdict = t.get("verdict", "")
-        kind = {"switch": "blocks of one process", "restart": "runs of their own, alternated",
-                "combined": "the winners combined"}.get(t.get("kind"), t.get("kind") or "")
+        n = int(t.get("runs") or 0)
+        kind = {"switch": f"{n} block(s) of steps in one process, alternated with the baseline's",
+                "restart": f"{n} run(s) of its own, alternated with the baseline's",
+                "combined": f"the winners combined, {n} run(s) or block(s)"}.get(t.get("kind"), t.get("kind") or "")
         out.append(f'<article class="trial" id="trial-{esc(slug)}" data-verdict="{esc(verdict)}">'
                    f'<h3>{_badge(verdict).html} <code>{esc(t["knob"])}</code> '
-                   f'<span class="muted">({esc(kind)}, {int(t.get("runs") or 0)} run(s) or block(s))</span></h3>')
+                   f'<span class="muted">({esc(kind)})</span></h3>')
         if t.get("why"):
             out.append(f'<p class="msg">{esc(t["why"])}</p>')
         facts = []
@@ -196,11 +198,9 @@ def _not_tried(data: dict) -> str:
     notes = data.get("notes") or []
     if not rows and not notes:
         return ""
-    out = ['<section id="not-tried"><h2>Not tried, and why</h2>']
+    out = [f'<section id="not-tried"><h2>{"Not tried, and why" if rows else "Notes"}</h2>']
     if rows:
         out.append(table(("knob", "verdict", "why"), rows, cls="not-tried"))
-    else:
-        out.append('<p class="muted">Every knob asked for was tried.</p>')
     if notes:
         out.append('<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
     out.append("</section>")
@@ -223,13 +223,11 @@ def report_data(result) -> tuple[str, dict[str, Any]]:
     """(body markup, data island) of the page."""
     data = _data(result)
     charts: dict[str, Any] = {}
-    body = "".join([
-        _header(data),
-        '<nav><a href="#trials">Trials</a> <a href="#what-if">What if</a> <a href="#fixes">The fix</a> '
-        '<a href="#not-tried">Not tried</a> <a href="#runs">Runs</a></nav><main>',
-        _table(data), _what_if(data, charts), _fixes(data), _not_tried(data), _runs(data),
-        "</main>",
-    ])
+    sections = [("trials", "Trials", _table(data)), ("what-if", "What if", _what_if(data, charts)),
+                ("fixes", "The fix", _fixes(data)), ("not-tried", "Not tried" if data.get("not_tried") else "Notes",
+                                                     _not_tried(data)), ("runs", "Runs", _runs(data))]
+    nav = " ".join(f'<a href="#{sid}">{esc(label)}</a>' for sid, label, html in sections if html)
+    body = "".join([_header(data), f"<nav>{nav}</nav><main>", *(html for _, _, html in sections), "</main>"])
     # the island holds the report without the raw step times (the charts hold their histograms)
     slim = {**data, "trials": [{k: v for k, v in t.items() if k != "step_times"} for t in data.get("trials") or []]}
     return body, {"kind": "try", "try": slim, "charts": charts}
