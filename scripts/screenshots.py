@@ -6,6 +6,10 @@ simulated GPUs (labelled so on screen).
     .venv/bin/python scripts/screenshots.py --from tests/fixtures/tui/evidence.json   # no run: a saved one
     .venv/bin/python scripts/screenshots.py --no-png
     .venv/bin/python scripts/screenshots.py --html-only      # only screenshots/report-html.png (runs the demo)
+    .venv/bin/python scripts/screenshots.py --try-budget 60  # the Try tab's trials get 60 s (default 120)
+
+The Try tab's screenshot is taken after its trials (diag try on the knobs the demo's findings point
+to) ran for real within --try-budget seconds; with --from it lists the knobs (a replay runs nothing).
 
 The HTML report's screenshot (screenshots/report-html.png) is `diag check --format html` of the same run,
 opened in headless Chromium (the Debian package chromium; scripts/install-browser.sh installs it).
@@ -25,7 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-TABS = ("checks", "steps", "gpus", "memory", "cost", "log")
+TABS = ("checks", "steps", "gpus", "memory", "cost", "log", "try")
+# the demo's arguments: 10 epochs (200 steps), enough for the Try tab's trials to reach verdicts (its
+# switch knobs' run alternates blocks of 5 steps; the default 2 epochs end before 20 steps a side)
+DEMO_ARGS = ["--epochs", "10"]
 SIZE = (120, 36)
 
 
@@ -128,6 +135,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "screenshots"))
     ap.add_argument("--scenario", default="healthy-8", help="simulated GPU scenario (default: healthy-8)")
     ap.add_argument("--no-png", action="store_true")
+    ap.add_argument("--try-budget", type=float, default=120.0,
+                    help="seconds for the Try tab's trials on the demo (default 120)")
     ap.add_argument("--html-only", action="store_true",
                     help="only the HTML report's screenshot (no TUI); runs the demo headless unless --from")
     args = ap.parse_args()
@@ -136,8 +145,9 @@ def main() -> int:
 
     from diag.gpu import Sampler, SimulatedProvider
     from diag.tui.app import DiagApp
-    from diag.tui.models.gpus import GpuFeed
     from diag.tui.live import ReplaySource, RunFeed, Source
+    from diag.tui.models.gpus import GpuFeed
+    from diag.tui.models.try_ import ReplayFeed
 
     workdir = Path(tempfile.mkdtemp(prefix="diag-screenshots-"))
     run_box: dict = {}
@@ -162,7 +172,7 @@ def main() -> int:
             for _ in range(60):
                 sampler.sample_once()
             return DiagApp(ReplaySource(evidence, path=args.from_, label=args.from_),
-                           GpuFeed(sampler, own=False))
+                           GpuFeed(sampler, own=False), trials=ReplayFeed(evidence.run.script and "train.py"))
 
         async def ready(pilot):
             await _wait(pilot, lambda: pilot.app.state.snapshot is not None, 30)
@@ -180,11 +190,16 @@ def main() -> int:
                 shutil.copy(REPO / "diag" / "demo" / "planted.py", workdir / "train.py")
                 from diag.commands.tui import memory_plan_env
 
-                cfg = RunConfig(script=str(workdir / "train.py"), echo=None,
+                cfg = RunConfig(script=str(workdir / "train.py"), args=list(DEMO_ARGS), echo=None,
                                 simulate_gpus=args.scenario, gpu_interval=0.5,
                                 env=memory_plan_env("h100"))        # as `diag tui --memory-plan h100`
                 run = run_box["run"] = Run(cfg)
-                return DiagApp(RunFeed(run), GpuFeed(run.sampler, own=False), refresh_s=0.3, tick_s=0.1)
+                from diag.commands.tui import TryFeed
+
+                feed = TryFeed("train.py", list(DEMO_ARGS))
+                feed.budget_s = args.try_budget
+                return DiagApp(RunFeed(run), GpuFeed(run.sampler, own=False), refresh_s=0.3, tick_s=0.1,
+                               trials=feed)
             run = run_box["run"]
             prov = SimulatedProvider(args.scenario, start=120.0)
             sampler = Sampler(prov, interval=1.0)
@@ -192,12 +207,23 @@ def main() -> int:
                 sampler.sample_once()
             return DiagApp(ReplaySource(run.evidence, path=str(run.evidence_path),
                                         label=".diag/runs/" + run.run_dir.name + "/evidence.json"),
-                           GpuFeed(sampler, own=False))
+                           GpuFeed(sampler, own=False), trials=ReplayFeed("train.py"))
 
         async def ready(pilot):
             app = pilot.app
             await _wait(pilot, lambda: app.state.snapshot is not None and app.state.snapshot.final, 120)
             await pilot.pause(0.5)
+            if app.trials is not None and app.trials.can_run:
+                # the Try tab: its trials, for real, on the knobs the demo's findings point to
+                app.query_one("#tabs").active = "try"
+                await pilot.pause(0.5)
+                pane = app.pane("try")
+                if pane.start():
+                    t0 = time.monotonic()
+                    print(f"running the Try tab's trials ({args.try_budget:.0f} s budget) ...")
+                    await _wait(pilot, lambda: not pane.running, args.try_budget + 300)
+                    print(f"  trials {pane.model.status} in {time.monotonic() - t0:.0f} s: {pane.model.summary}")
+                    await pilot.pause(0.5)
 
     shots = [(f"tui-{tab}", tab, SIZE) for tab in TABS] + [("tui-checks-80x24", "checks", (80, 24))]
     print(f"screenshots of the real app ({'replay of ' + args.from_ if args.from_ else 'the demo, run now'};"

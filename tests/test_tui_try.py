@@ -154,6 +154,7 @@ async def test_try_tab_runs_the_trials_and_fills_the_table_live():
         await _wait(pilot, lambda: pane.model.knobs)
         head = widget_text(app, "#try-head", 140)
         assert "3 knob(s) the findings point to" in head and "dataloader.workers=1" in head
+        assert "not applicable from outside: amp.fp16" in head
         assert not app.query_one("#try-start").disabled
         await pilot.press("t")
         # the first trial's verdict is in while the others are still measured
@@ -175,7 +176,7 @@ async def test_try_tab_runs_the_trials_and_fills_the_table_live():
         foot = widget_text(app, "#try-foot", 140)
         assert "the fix, in plain PyTorch's words:" in foot and "num_workers=1" in foot
         assert "summary: " + SUMMARY in foot
-        assert feed.calls == [["debug.anomaly", "optim.set-to-none", "dataloader.workers=1"]]
+        assert feed.calls == [["debug.anomaly", "optim.set-to-none", "dataloader.workers=1", "amp.fp16"]]
         assert "trials done" in widget_text(app, "#try-head", 140)
 
 

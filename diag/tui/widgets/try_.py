@@ -120,6 +120,8 @@ class TryPane(Pane):
         if m.knobs:
             t.append(f"{len(m.knobs)} knob(s) the findings point to: ", style="bold")
             t.append(", ".join(f"{k} ({m.reasons.get(k, '')})" if m.reasons.get(k) else k for k in m.knobs))
+            if m.not_applicable:
+                t.append("; not applicable from outside: " + ", ".join(k for k, _ in m.not_applicable), style="dim")
             t.append("\n")
         elif m.not_applicable:
             t.append("no knob diag can apply from outside", style="bold")
@@ -192,7 +194,9 @@ class TryPane(Pane):
             self.app.notify(why, timeout=5)
             return False
         self.model.started()
-        self._run_trials(state.evidence, list(state.findings), list(self.model.knobs))
+        # the knobs that cannot be applied from outside go too: the result reports them, with why
+        specs = list(self.model.knobs) + [k for k, _ in self.model.not_applicable]
+        self._run_trials(state.evidence, list(state.findings), specs)
         self._rerender()
         return True
 
