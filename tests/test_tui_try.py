@@ -315,3 +315,52 @@ def test_the_commands_feed_runs_the_engine_and_cancel_stops_its_run(tmp_path, mo
         except psutil.Error:
             pass
     assert alive == []
+
+
+ANOMALY_SCRIPT = '''
+import torch
+from torch import nn
+
+torch.autograd.set_detect_anomaly(True)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(16, 32), torch.randint(0, 2, (16,))
+for step in range(400):
+    opt.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+'''
+
+
+@pytest.mark.slow
+async def test_a_live_run_then_its_trials_in_the_app(tmp_path, monkeypatch):
+    """diag tui --script as the command builds it: the script runs live, then t runs the real trials on
+    the knob its findings point to (anomaly detection left on), and the verdict lands in the table."""
+    from diag.commands.tui import TryFeed
+    from diag.runner import Run, RunConfig
+    from diag.tui.app import DiagApp
+    from diag.tui.live import RunFeed
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(ANOMALY_SCRIPT)
+    run = Run(RunConfig(script=str(tmp_path / "train.py"), echo=None, gpu=False))
+    feed = TryFeed("train.py", [])
+    feed.budget_s = 90
+    app = DiagApp(RunFeed(run), None, refresh_s=0.3, tick_s=0.1, trials=feed)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _wait(pilot, lambda: app.state.snapshot is not None and app.state.snapshot.final, 120)
+        await pilot.press("7")
+        pane = app.pane("try")
+        await _wait(pilot, lambda: pane.model.knobs)
+        assert "debug.anomaly" in pane.model.knobs
+        await pilot.press("t")
+        await _wait(pilot, lambda: pane.model.status == "running")
+        await _wait(pilot, lambda: pane.model.status != "running", 240)
+        assert pane.model.status == "done", pane.model.error
+        table = app.query_one("#try-table")
+        rows = {str(table.get_row_at(i)[0]): str(table.get_row_at(i)[5]) for i in range(table.row_count)}
+        assert rows["debug.anomaly"] in ("faster", "no change", "slower", "unknown"), rows
+        assert "summary: " in widget_text(app, "#try-foot", 120)
+        await pilot.press("q")
+    assert not feed.running
