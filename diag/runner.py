@@ -64,6 +64,7 @@ class RunConfig:
     gpu: bool = True
     simulate_gpus: str | None = None    # scenario name (None: DIAG_SIMULATE_GPUS when set, else NVML)
     gpu_interval: float = 1.0
+    cwd: str | None = None              # the script's working directory (None: diag's own)
 
 
 def validate_script(path: str) -> str:
@@ -198,7 +199,7 @@ class Run:
         except Exception:
             run.script_facts = None
         run.args = redact_args(list(config.args))
-        run.cwd = os.getcwd()
+        run.cwd = config.cwd or os.getcwd()
         run.run_dir = str(self.run_dir)
         run.log_path = str(self.log_path)
         run.limits = {"steps": config.steps, "max_time": config.max_time}
@@ -289,7 +290,7 @@ class Run:
         try:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, start_new_session=True, cwd=os.getcwd(),
+                env=env, start_new_session=True, cwd=self.config.cwd or os.getcwd(),
                 # PR_SET_PDEATHSIG follows the thread that forked: only from the main thread, which
                 # lives as long as diag (the guard and the probe's watchdog cover the rest)
                 preexec_fn=supervise.child_preexec(os.getpid()) if main_thread else None,

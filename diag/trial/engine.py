@@ -143,10 +143,10 @@ class Engine:
             max_time = max(60.0, 3 * (self.est_run_s + (steps * (self.step_s or 0))))
         t = time.monotonic()
         self.say(f"run {self.n_runs}: {label} ({steps} steps)")
-        os.chdir(copy.root)
         try:
+            # the run's working directory is the copy; diag's own stays (a TUI runs trials in a thread)
             run = Run(RunConfig(script=copy.script, args=list(self.cfg.args), steps=steps, max_time=max_time,
-                                run_dir=str(run_dir), echo=None, env=env, gpu=False))
+                                run_dir=str(run_dir), echo=None, env=env, gpu=False, cwd=str(copy.root)))
             run.start()
             if self.cfg.cancel is not None:
                 while run.running and not self.cfg.cancel.wait(0.1):
@@ -155,7 +155,6 @@ class Engine:
                     run.stop("stopped: the trials were cancelled", "stopped")
             ev = run.wait()
         finally:
-            os.chdir(self.cwd)
             copy.remove()
         if self.cfg.cancel is not None and self.cfg.cancel.is_set():
             raise KeyboardInterrupt
