@@ -66,7 +66,14 @@ def distribution(c: Comparison, bins: int = DIST_BINS) -> dict[str, Any] | None:
     a, b = _pooled(c.base, "total_s"), _pooled(c.new, "total_s")
     if not a.size and not b.size:
         return None
-    both = np.concatenate([a, b])
+    return binned_shares(list(zip(SIDE_NAMES, (a, b))), bins)
+
+
+def binned_shares(named: list, bins: int = DIST_BINS) -> dict[str, Any]:
+    """Samples of two (or more) sides, ``[(name, array), ...]``, on shared bins as shares of each side's
+    count (the sides may have different counts): the ``dist`` chart of the compare and try pages. A
+    long tail beyond 3x the 99th percentile goes into the last bin (``overflow``)."""
+    both = np.concatenate([v for _n, v in named])
     lo, hi = float(both.min()), float(both.max())
     p99 = float(np.percentile(both, 99))
     overflow = hi > 3 * p99 and p99 > lo
@@ -75,7 +82,7 @@ def distribution(c: Comparison, bins: int = DIST_BINS) -> dict[str, Any] | None:
         top = lo + max(abs(lo) * 1e-3, 1e-9)
     edges = np.linspace(lo, top, bins + 1)
     sides = []
-    for name, v in zip(SIDE_NAMES, (a, b)):
+    for name, v in named:
         counts, _ = np.histogram(np.clip(v, lo, top), bins=edges)
         n = int(v.size)
         sides.append({"label": f"{name} ({n:,} steps)", "n": n,

@@ -18,6 +18,8 @@ def _x(v: float | None) -> str:
 def _speed(t: dict) -> str:
     if t.get("speedup") is None:
         return "-"
+    if t.get("ci_low") is None or t.get("ci_high") is None:
+        return f"{t['speedup']:.2f}x"
     return f"{t['speedup']:.2f}x ({t['ci_low']:.2f}-{t['ci_high']:.2f})"
 
 
@@ -38,6 +40,10 @@ def _mem(t: dict) -> str:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f} ms"
+
+
+# the table's cells, shared by the text, HTML and TUI renderings of the trials
+speed_cell, rate_cell, memory_cell, ms_cell = _speed, _rate, _mem, _ms
 
 
 def fixes(data: dict) -> list[tuple[str, str, str | None]]:

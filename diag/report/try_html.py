@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from diag.knobs import FRAMEWORK_NAMES
+from diag.report.compare_html import binned_shares
 from diag.report.html import Raw, chart, esc, page, table
 
 DIST_BINS = 24
@@ -40,11 +41,6 @@ def _data(result) -> dict[str, Any]:
     return dict(result)
 
 
-def _r(x: float, digits: int = 7) -> float | None:
-    x = float(x)
-    return round(x, digits) if math.isfinite(x) else None
-
-
 def distribution(baseline: list[float], trial: list[float], bins: int = DIST_BINS) -> dict[str, Any] | None:
     """The two sides' judged step times (seconds) on shared bins, as shares of each side's steps (the
     sides have different step counts). A tail beyond 3x the 99th percentile goes into the last bin
@@ -53,20 +49,7 @@ def distribution(baseline: list[float], trial: list[float], bins: int = DIST_BIN
     b = np.asarray([x for x in trial or [] if isinstance(x, (int, float)) and math.isfinite(x)], dtype=float)
     if not a.size or not b.size:
         return None
-    both = np.concatenate([a, b])
-    lo, hi = float(both.min()), float(both.max())
-    p99 = float(np.percentile(both, 99))
-    overflow = hi > 3 * p99 and p99 > lo
-    top = p99 if overflow else hi
-    if top <= lo:
-        top = lo + max(abs(lo) * 1e-3, 1e-9)
-    edges = np.linspace(lo, top, bins + 1)
-    sides = []
-    for name, v in (("without the knob", a), ("with the knob", b)):
-        counts, _ = np.histogram(np.clip(v, lo, top), bins=edges)
-        n = int(v.size)
-        sides.append({"label": f"{name} ({n:,} steps)", "n": n, "share": [_r(c / n, 5) for c in counts.tolist()]})
-    return {"type": "dist", "edges": [_r(e) for e in edges.tolist()], "overflow": bool(overflow), "sides": sides}
+    return binned_shares([("without the knob", a), ("with the knob", b)], bins)
 
 
 def _badge(verdict: str) -> Raw:

@@ -12,6 +12,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from diag.report.try_ import memory_cell as _mem
+from diag.report.try_ import ms_cell as _ms
+from diag.report.try_ import rate_cell as _rate
+from diag.report.try_ import speed_cell as _speed
 from diag.trial.plan import from_findings, split
 
 ENDED_BADLY = ("failed", "oom", "killed")
@@ -83,32 +87,6 @@ class Row:
     memory: str
     verdict: str
     steps: str
-
-
-def _speed(t: dict) -> str:
-    if t.get("speedup") is None:
-        return "-"
-    if t.get("ci_low") is None or t.get("ci_high") is None:
-        return f"{t['speedup']:.2f}x"
-    return f"{t['speedup']:.2f}x ({t['ci_low']:.2f}-{t['ci_high']:.2f})"
-
-
-def _rate(t: dict) -> str:
-    v, b = t.get("samples_per_s"), t.get("baseline_samples_per_s")
-    if v is None:
-        return "-"
-    return f"{v:,.0f}/s" + (f" (was {b:,.0f})" if b else "")
-
-
-def _mem(t: dict) -> str:
-    v, b = t.get("peak_memory"), t.get("baseline_peak_memory")
-    if not v:
-        return "n/a"
-    return f"{v / 2**20:,.0f} MiB" + (f" (was {b / 2**20:,.0f})" if b else "")
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.1f} ms"
 
 
 @dataclass
