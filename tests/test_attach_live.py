@@ -107,6 +107,11 @@ def _finding(report: dict, fid: str) -> dict:
 def test_data_starved_main_process(target, capsys, tmp_path):
     t = target("starved")
     code, rep = attach_json(capsys, t.pid, "--duration", 4, "--run-dir", tmp_path / "run")
+    if _finding(rep, "run.hung")["severity"] != "pass":
+        # the first test of a fresh clone (cold caches, py-spy's first start): the 4-s window can fall
+        # inside one slow call, which run.hung says as it is ("one line for the whole window: attach
+        # again with a longer --duration"); its advice, followed
+        code, rep = attach_json(capsys, t.pid, "--duration", 8, "--run-dir", tmp_path / "run")
     ph = _phases(rep)
     assert max(ph, key=ph.get) == "data", ph
     assert ph["data"] > ph["forward"] + ph["backward"] + ph["optimizer"]
