@@ -542,7 +542,7 @@ class Probe:
                 dt = time.perf_counter() - t0
             else:
                 dt = n0 * 1e-9 - t0   # (perf_counter_ns is perf_counter's clock: one read less)
-            # Probe._on_batch, inlined (per batch: issue 28); batch_samples' common case first
+            # the batch's record, here in the wrapper (per batch: issue 28); batch_samples' common case first
             rec = iters.get(id(it))
             if rec is not None and (rec[0] is None or rec[0]() is it):
                 lid = rec[1]
@@ -585,7 +585,7 @@ class Probe:
             out = orig_zero_grad(opt, set_to_none)
             n0 = _ns()
             if not probe._forked and probe.active:
-                try:   # Probe._on_zero_grad, inlined (per step: issue 28)
+                try:   # zero_grad's record, here in the wrapper (per step: issue 28)
                     info = optimizers.get(id(opt)) or probe.optimizer_info(opt)
                     info["zero_grad_calls"] += 1
                     info["zero_grad_s"] += (n0 - t0) / 1e9
@@ -1165,14 +1165,6 @@ class Probe:
             self.steps.optimizers_known = len(self._optimizers)
         return info
 
-    def _on_zero_grad(self, opt, set_to_none, dt: float = 0.0) -> None:
-        if self._forked or not self.active:
-            return
-        info = self.optimizer_info(opt)
-        info["zero_grad_calls"] += 1
-        info["zero_grad_s"] = info.get("zero_grad_s", 0.0) + dt
-        info["zero_grad_set_to_none"] = bool(set_to_none)
-
     _optimizer_info = optimizer_info
 
     # ---- DataLoader --------------------------------------------------------------------------------
@@ -1245,29 +1237,6 @@ class Probe:
         if rec is None or (rec[0] is not None and rec[0]() is not it):
             return None
         return rec[1]
-
-    def _on_batch(self, it, dt: float, batch=None, t0: float | None = None) -> None:
-        rec = self._iters.get(id(it))
-        if rec is not None and rec[0] is not None and rec[0]() is not it:
-            rec = None
-        lid = rec[1] if rec is not None else None
-        info = self._loaders_by_lid.get(lid) if lid is not None else None
-        if info is not None:
-            info["batches"] += 1
-            info["wait_s"] += dt
-            if dt > info["max_wait_s"]:
-                info["max_wait_s"] = dt
-            rec[3] += 1
-            if rec[2]:
-                rec[2] = False
-                info["first_batch_s"].append(round(dt, 6))
-                if len(info["first_batch_s"]) > 200:
-                    del info["first_batch_s"][0]
-        sm = self.steps
-        n = batch_samples(batch)
-        if n is not None:
-            sm.last_batch_samples = n
-        sm.fetched(lid, t0 if t0 is not None else time.perf_counter() - dt, dt)
 
     def _emit_loaders(self) -> None:
         for info in self._loaders.values():
