@@ -25,6 +25,7 @@ a few percent). Cycles touched by a discovery window, and the first WARMUP cycle
     python bench/workloads/depth_steps.py --calls 10,100,1000,mlp --variants bare,probe --rounds 8 --steps 30
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -234,15 +235,17 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
     probe = Probe(sink, extensions=load_extensions(), script=__file__)
     probe.install()
     ho = probe._handover
-    # epochs of a real length (the blocks' 8-batch epochs would open a discovery window every few steps)
+    # one epoch for the whole measurement (the blocks' 8-batch epochs would open a discovery window every
+    # few steps; and an epoch that began in a detached or paused step would be an iterator the probe never
+    # saw start, which no real run has): the dataset's rows again and again, by index, no copies
+    L = 6
     ds = loader.dataset
-    reps = max(1, 400 * loader.batch_size // len(ds))
-    loader = DataLoader(TensorDataset(*(t.repeat(reps, *([1] * (t.dim() - 1))) for t in ds.tensors)),
-                        batch_size=loader.batch_size, drop_last=True)
+    rows = (L * (warmup + pairs + 64) + 8) * loader.batch_size
+    loader = DataLoader(ds, batch_size=loader.batch_size, drop_last=True,
+                        sampler=[i % len(ds) for i in range(rows)])
     it = iter(loader)
     cpu, touched = [], []
     detached = None
-    L = 6
     try:
         for i in range(L * (warmup + pairs + 64)):       # room for the cycles a window touches
             k = i % L
@@ -253,6 +256,11 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
             elif k == 0 and detached is not None and detached._saved:
                 detached.__exit__(None, None, None)
             probe.active = k < 2
+            if k == 0:
+                # the probe's step clock starts again here: the paused and detached steps before were not
+                # its steps (else the first active step's time spans five steps, and the cost budget,
+                # diag.probe.budget, would size its sampling for a step five times as long as the real one)
+                probe.steps.last_boundary = probe.steps.closed_at = time.perf_counter()
             w0 = ho.window_calls if ho is not None else 0
             c0 = time.thread_time()
             try:
@@ -330,6 +338,11 @@ def main() -> int:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for calls in a.calls.split(","):
+            # the last depth's optimizer is garbage in a reference cycle until a collection: the probe counts
+            # live optimizers with the garbage collector's objects, and two would make every step end at
+            # the next fetch instead of at its optimizer step (a different step close than a one-model run)
+            opt = model = None
+            gc.collect()
             model, loader = build(calls)
             n_calls = sum(1 for _ in model.modules())
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)

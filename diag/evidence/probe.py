@@ -199,7 +199,7 @@ def _dur(s: float) -> str:
 
 
 MAX_SAMPLING_CHANGES = 100
-EXTRAS_WORDS = "the device timeline and the memory reads"
+EXTRAS_WORDS = "the probe's per-step extras (its extensions' step work; on a GPU, the device timeline and the memory reads)"
 
 
 def fold_sampling(section: ProbeSection, data: dict) -> None:

@@ -185,6 +185,32 @@ class Budget:
                                  "step_s": round(step, 9), "core_s": round(core, 9), "extras_s": round(extras, 9),
                                  "reason": why})
 
+    def quiet_until(self) -> int:
+        """The last step index, from the next one fed on, up to which feeding needs no decision: no review
+        falls on those steps and none of the steps after them is sampled (0 when the next step is a
+        review or is followed by a sampled one). The probe's lane (diag.probe.lane) feeds such steps in
+        one call, :meth:`feed_quiet`, instead of one :meth:`after_step` each."""
+        if self.share <= 0:
+            return 0
+        i = self.steps + 1
+        first, review, period = self.first, self.review, self.period
+        for _ in range(review + period + 1):
+            if (i > first and (i - first) % review == 0) or i + 1 <= first or (i + 1 - first) % period == 0:
+                return i - 1
+            i += 1
+        return i - 1
+
+    def feed_quiet(self, totals: list, cores: list) -> None:
+        """Feed unsampled steps up to :meth:`quiet_until` (their wall times, the probe's core time on each;
+        no extras): what :meth:`after_step` does for each, without its decision."""
+        for total_s, core_s in zip(totals, cores):
+            self.steps += 1
+            if 0.0 < total_s < _INF:
+                self._total.append(total_s)
+            self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
+            self._extras.append((0.0, False))
+        self.sampled = False
+
     def pop_changes(self) -> list[dict[str, Any]]:
         """The changes not yet taken (for the probe to emit), oldest first."""
         out = self.changes[self._taken:]

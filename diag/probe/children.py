@@ -168,5 +168,8 @@ def _child_probe(counter: _StepCounter, rank: int, probe_cls=None):
 
 
 def _finish_child(probe) -> None:
+    lane_off = getattr(probe, "lane_off", None)
+    if lane_off is not None:
+        lane_off()
     probe.steps.close_open_step(time.perf_counter())
     probe.silence()     # nothing more from this child

@@ -50,6 +50,7 @@ from diag.probe.sink import FileSink
 from diag.probe import children
 from diag.probe.budget import Budget
 from diag.probe.evalsteps import EvalWatch
+from diag.probe.lane import Lane, calibrate_entry_ns, lane_enabled
 from diag.probe.stepmachine import Step as _Step
 from diag.probe.stepmachine import StepMachine
 from diag.probe.steps import batch_samples, detect_framework, install_manual_update
@@ -187,6 +188,9 @@ class Probe:
         self._last_core_s = 0.0               # the last accounted step's probe time, core and extras
         self._last_extras_s = 0.0
         self._last_sampled = True             # whether that step was sampled (its extras ran)
+        # the lane (diag.probe.lane): the unsampled steps of a plain loop on a short path
+        self._lane = Lane(lane_enabled())
+        self._ext_ver = 0                     # bumped when an extension hook goes idle or wakes
 
     # ---- events ------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -235,6 +239,10 @@ class Probe:
         self._ext_live: dict[str, bool] = {}   # method -> whether any extension implements it (hot paths
         self._ext_n = len(value)               # check it before calling _ext: a call saved per hook)
         self._ext_idle: set = set()     # (id(extension), method) no longer called (Probe.idle)
+        self._ext_ver = getattr(self, "_ext_ver", 0) + 1
+        lane = getattr(self, "_lane", None)
+        if lane is not None and lane.on:
+            lane.hand_back(self)
         if not hasattr(self, "_ext_once_ns"):
             self._ext_once_ns: dict[str, int] = {}   # per extension: install, on_exit, uninstall
 
@@ -276,6 +284,8 @@ class Probe:
 
     @property
     def current_step(self) -> _Step | None:
+        if self._lane.phase:     # a step the lane is taking: the machine gets it first (diag.probe.lane)
+            self.lane_off()
         return self.steps.current
 
     @property
@@ -414,6 +424,7 @@ class Probe:
         self._ext_idle.add((id(extension), method))
         self._ext_fns.pop(method, None)
         self._ext_live.pop(method, None)
+        self._ext_ver += 1
 
     def wake(self, extension, method: str) -> None:
         """Call ``extension``'s ``method`` again after :meth:`idle` (an extension that idles a per-step
@@ -421,6 +432,9 @@ class Probe:
         self._ext_idle.discard((id(extension), method))
         self._ext_fns.pop(method, None)
         self._ext_live.pop(method, None)
+        self._ext_ver += 1
+        if self._lane.on:          # it may want this very step: the full path takes it from here
+            self._lane.hand_back(self)
 
     def disable(self, extension) -> None:
         try:
@@ -450,6 +464,9 @@ class Probe:
                   argv=list(sys.argv))
         self.emit(E.ENV, **environment())
         self.slow_path_ns, self.hooked_call_ns, self.autograd_hook_ns = _calibrate()
+        if self._lane.allowed:
+            self._lane.entry_ns = calibrate_entry_ns()
+            self._lane.core_ns = None
         if handover_enabled():
             self._handover = HandOver(self).install(scan=scan_modules)
             self._lifted.register(self._handover)
@@ -507,10 +524,55 @@ class Probe:
 
         sm = self.steps
         iters, by_lid, tensor_cls = self._iters, self._loaders_by_lid, torch.Tensor
+        lane = self._lane
+        _pc = time.perf_counter
+
+        def stopped(it) -> None:   # the iterator's pass ended (StopIteration)
+            try:
+                rec = probe._iters.get(id(it))
+                if rec is not None:
+                    rec[4] = True
+                sm.pass_ended(probe._iter_lid(it))
+            except Exception as e:
+                probe.report_error("dataloader.StopIteration", e)
 
         def __next__(it):
             if not probe.active or probe._forked:
                 return orig_next(it)
+            if lane.on:
+                if lane.phase == 0 and id(it) == lane.it_id:
+                    # the lane (diag.probe.lane): the step's batch, its clock values and the loader's record
+                    probe._in_data += 1
+                    t0 = _pc()
+                    try:
+                        batch = orig_next(it)
+                    except StopIteration:
+                        probe._in_data -= 1
+                        lane.off(probe)     # (at a step's boundary: nothing to hand back)
+                        stopped(it)
+                        raise
+                    except BaseException:
+                        probe._in_data -= 1
+                        lane.off(probe)
+                        raise
+                    dt = _pc() - t0
+                    probe._in_data -= 1
+                    info = lane.info
+                    info["batches"] += 1
+                    info["wait_s"] += dt
+                    if dt > info["max_wait_s"]:
+                        info["max_wait_s"] = dt
+                    lane.rec[3] += 1
+                    first = batch[0] if type(batch) in _SEQ and batch else batch
+                    if type(first) is tensor_cls and first.shape:
+                        sm.last_batch_samples = first.shape[0]
+                    else:
+                        n = batch_samples(batch)
+                        if n is not None:
+                            sm.last_batch_samples = n
+                    lane.t_fetch, lane.dt_fetch, lane.phase = t0, dt, 1
+                    return batch
+                lane.hand_back(probe)
             if sm.current is not None:
                 sm.before_fetch(time.perf_counter())   # may close the last step: not data wait
             n0 = _ns()
@@ -524,13 +586,7 @@ class Probe:
                 batch = orig_next(it)
             except StopIteration:
                 probe._in_data -= 1
-                try:
-                    rec = probe._iters.get(id(it))
-                    if rec is not None:
-                        rec[4] = True
-                    sm.pass_ended(probe._iter_lid(it))
-                except Exception as e:
-                    probe.report_error("dataloader.StopIteration", e)
+                stopped(it)
                 raise
             except BaseException:
                 probe._in_data -= 1
@@ -558,8 +614,12 @@ class Probe:
                         info["first_batch_s"].append(round(dt, 6))
                         if len(info["first_batch_s"]) > 200:
                             del info["first_batch_s"][0]
+                    lane.fetch = (id(it), rec, info)   # what the lane would expect (Lane.consider)
+                else:
+                    lane.fetch = None
             else:
                 lid = None
+                lane.fetch = None
             first = batch[0] if type(batch) in _SEQ and batch else batch
             if type(first) is tensor_cls and first.shape:
                 sm.last_batch_samples = first.shape[0]
@@ -650,6 +710,7 @@ class Probe:
 
         probe = self
         sm = self.steps
+        lane = self._lane
         self._bwd_twins = []
 
         def _wrap(orig, name):
@@ -661,6 +722,8 @@ class Probe:
                     return f(*args, **kwargs) if f is not None else orig(*args, **kwargs)
                 if probe.in_backward or probe._forked or not probe.active:
                     return orig(*args, **kwargs)   # nested (a reentrant checkpoint's recomputation), or paused
+                if lane.on and lane.phase != 2:
+                    lane.hand_back(probe)
                 probe.in_backward = True
                 start = time.perf_counter()   # (setting the flag above: tens of ns, left in the backward)
                 try:
@@ -669,14 +732,17 @@ class Probe:
                     t0 = _ns()
                     end = t0 * 1e-9      # (perf_counter's clock)
                     probe.in_backward = False
-                    try:                 # Probe._backward_done, inlined (per step: issue 28)
-                        sm.backward(start, end)
-                    except DiagStop:
-                        raise
-                    except Exception as e:
-                        probe.report_error("backward", e)
-                    finally:
-                        probe.own_ns += _ns() - t0
+                    if lane.on and lane.phase == 2:   # the lane's backward (diag.probe.lane)
+                        lane.b_start, lane.b_end, lane.phase = start, end, 3
+                    else:
+                        try:             # Probe._backward_done, inlined (per step: issue 28)
+                            sm.backward(start, end)
+                        except DiagStop:
+                            raise
+                        except Exception as e:
+                            probe.report_error("backward", e)
+                        finally:
+                            probe.own_ns += _ns() - t0
 
             wrapper.__wrapped__ = orig
             wrapper.__name__ = name
@@ -700,6 +766,15 @@ class Probe:
             self.report_error("backward", e)
         self.own_ns += _ns() - t0
 
+    def lane_off(self) -> None:
+        """Turn the lane off, handing the step it was taking to the step machine (diag.probe.lane): the
+        run ends, a child process closes its step, anything that reads the machine from outside a hook."""
+        if self._lane.on:
+            try:
+                self._lane.hand_back(self)
+            except Exception as e:
+                self.report_error("lane", e)
+
     def _after_fork(self) -> None:
         # DataLoader workers (and other forks) inherit the hooks: they must stay silent.
         self._forked = True
@@ -710,6 +785,9 @@ class Probe:
         """The inherited (forked) probe, turned back on for a child process that trains
         (diag.probe.children): fresh step state, no extensions (their per-run work belongs to the
         parent), events to ``sink`` (one that only counts)."""
+        self.lane_off()
+        lane = self._lane
+        lane.streak, lane.sig, lane.fwd, lane.fetch, lane.optc = 0, None, None, None, None
         self.sink = sink
         self.extensions = []
         self.pid = os.getpid()
@@ -758,6 +836,7 @@ class Probe:
         if self._forked:
             return
         self._finishing = True
+        self.lane_off()
         try:
             self.steps.finish(time.perf_counter())
             self._flush_sites()
@@ -821,6 +900,46 @@ class Probe:
         if self.in_backward:
             return None
         self.depth -= 1
+        lane = self._lane
+        if lane.on and self.active and not self._forked and not self._in_data:
+            # (paused, forked or inside a fetch: the full path below ignores this forward; so does the lane)
+            if self.depth == 0:
+                try:
+                    if lane.phase == 1 and self._top_module is module and module is lane.mref():
+                        # the lane's model forward: the call-site key's parts checked, not rebuilt
+                        # (Probe._on_top_forward builds it on the full path; diag.probe.lane)
+                        ts = _TorchState
+                        t = args[0] if args else None
+                        f = sys._getframe(lane.site_depth)
+                        if (type(output) is ts.Tensor and output.requires_grad and module.training is True
+                                and f.f_code is lane.code and f.f_lineno == lane.line and ts.grad()
+                                and type(t) is ts.Tensor and t.is_floating_point() and t.shape
+                                and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
+                                     else None) == lane.acd):
+                            end = time.perf_counter()
+                            shape = t.shape
+                            hint = self.steps.last_batch_samples
+                            samples = shape[0]
+                            if hint is not None and samples != hint and hint in shape:
+                                samples = hint
+                            lane.samples = samples
+                            lane.f_start, lane.f_end, lane.bare_s, lane.phase = self.forward_start, end, 0.0, 2
+                            self._handover.outermost_forwards += 1
+                            return None
+                    elif (lane.phase in (1, 2) and self._top_depth == 0 and not self._bare_had_model
+                          and self._top_module is None and output is not None):
+                        # a parameterless outermost module that called no model (a loss module)
+                        ts = _TorchState
+                        if lane.phase == 1 or (type(output) is ts.Tensor and output.requires_grad and ts.grad()):
+                            end = time.perf_counter()
+                            self._seek_model = False
+                            self._handover.note(module, True, False)
+                            if lane.phase == 2:
+                                lane.bare_s += end - self._bare_start
+                            return None
+                except Exception:
+                    pass
+            lane.hand_back(self)
         if output is None and not isinstance(kwargs, dict):
             self.depth = max(self.depth, 0)
             if self.depth == self._top_depth - 1 and self._top_module is module:
@@ -937,12 +1056,14 @@ class Probe:
         out_rg = out_t is not None
         try:
             ac = ts.any_autocast() and ts.autocast(dev_type)
-            ac_dtype = str(ts.autocast_dtype(dev_type)).replace("torch.", "") if ac else None
+            acd = ts.autocast_dtype(dev_type) if ac else None
+            ac_dtype = str(acd).replace("torch.", "") if ac else None
         except Exception:
-            ac, ac_dtype = False, None
+            ac, acd, ac_dtype = False, False, None
         # the caller, out through the hook and torch: user_frame(3), inlined (per outermost forward)
         frame = sys._getframe(2)
         lib_cache = _LIB_CACHE
+        up = 1                   # (its depth from fwd_post: the lane checks the frame there)
         while frame is not None:
             fn = frame.f_code.co_filename
             lib = lib_cache.get(fn)
@@ -951,6 +1072,7 @@ class Probe:
             if not lib:
                 break
             frame = frame.f_back
+            up += 1
         loc_key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
         key = (mid, loc_key, training, grad, inference, ac_dtype, out_rg)
         site = self._sites.get(key)
@@ -994,9 +1116,13 @@ class Probe:
                     step.micro_batches += 1
                     step.sample_site = skey
                     step.samples, step.tokens = samples, None
+                    # what the lane would check on the next steps (diag.probe.lane: Lane.consider)
+                    self._lane.fwd = (mref, skey, up, frame.f_code, frame.f_lineno, dev_type, acd) \
+                        if frame is not None and acd is not False and type(output) is ts.Tensor else None
                 else:
                     samples, tokens = samples_of(args, kwargs, sm.last_batch_samples)
                     sm.add_samples(step, skey, samples, tokens)
+                    self._lane.fwd = None
             else:
                 counted = sm.counts_samples(step, skey)
                 if counted:
@@ -1088,6 +1214,12 @@ class Probe:
             return f(opt, args, kwargs) if f is not None else None
         if self._forked or not self.active:
             return None
+        lane = self._lane
+        if lane.on:
+            if lane.phase == 3 and opt is lane.oref() and not kwargs and (not args or (len(args) == 1 and args[0] is opt)):
+                lane.o_start, lane.phase = time.perf_counter(), 4   # the lane's optimizer step (diag.probe.lane)
+                return None
+            lane.hand_back(self)
         t0 = _ns()
         ho = self._handover
         if ho is not None and id(opt) not in ho._opts:
@@ -1111,6 +1243,7 @@ class Probe:
         # torch hands the hook (optimizer,) + step()'s own arguments: a closure makes them longer
         wrapped = sm.wrap_closure(id(opt), opt, args, kwargs) \
             if kwargs or len(args) > 1 or (args and args[0] is not opt) else None
+        lane.opt_plain = wrapped is None
         if wrapped is not None:
             sm.begin_training(time.perf_counter())   # its forwards and backwards run inside
         n1 = _ns()
@@ -1125,6 +1258,12 @@ class Probe:
         if self._forked or not self.active:
             return None
         t0 = _ns()
+        lane = self._lane
+        if lane.on:
+            if lane.phase == 4 and opt is lane.oref() and lane.close(self, t0):
+                return None    # the lane's step closed (diag.probe.lane)
+            if lane.on:
+                lane.hand_back(self)
         end = t0 * 1e-9      # (perf_counter's clock)
         ho = self._handover
         if ho is not None and ho.active:   # HandOver._opt_post, inlined (per step; the probe is live here)
@@ -1136,6 +1275,7 @@ class Probe:
         start = self._opt_start.pop(id(opt), end)
         info = self._optimizers.get(id(opt)) or self.optimizer_info(opt)
         info["steps"] += 1
+        lane.optc = (self._opt_seen.get(id(opt)), info)   # (a weak reference: the lane holds no user object)
         sm = self.steps
         closed = sm.done
         # the optimizer phase (less a closure's time: its forwards and backwards are in their own
@@ -1171,6 +1311,8 @@ class Probe:
     def _on_loader_iter(self, loader, it) -> None:
         if self._forked or not self.active:
             return
+        if self._lane.on:     # a new pass (an epoch, an evaluation loop): the full path sees it
+            self._lane.hand_back(self)
         info = self._loaders.get(id(loader))
         if info is None or self._loader_refs.get(id(loader), lambda: None)() is not loader:
             ds = getattr(loader, "dataset", None)
@@ -1270,11 +1412,12 @@ class Probe:
         if b is not None:
             # this step's sampling on its event; the next step's decided before the extensions' step-end
             # work (which reads ctx.sampled as the next step's), from the last accounted step's costs
-            if not self.sampled:
+            if not self.sampled and self._budget_exts:
                 ev["sampled"] = False
             self.sampled = b.after_step(ev["total_s"], self._last_core_s, self._last_extras_s,
                                         self._last_sampled)
-            if b.changes:
+            if b.changes and (self._budget_exts or self._lane.steps):
+                # (a budget kept for the lane alone says nothing until the lane skipped a step's extras)
                 for change in b.pop_changes():
                     self.emit(E.PROBE_SAMPLING, **change)
         if self._ext_live.get("on_step_end", True):
@@ -1307,6 +1450,12 @@ class Probe:
             extras = sum(ext_ns.get(n, 0) for n in self._budget_exts)
             d = extras - self._extras_ns
             self._extras_ns = extras
+            lane = self._lane
+            if lane.allowed:
+                # the lane's steps are the budget's core; everything a step on the full path costs beyond
+                # it is extras (before the first lane step: the lane's calibrated entries, a guess)
+                core = lane.core_ns if lane.core_ns is not None else est + 6 * lane.entry_ns
+                d = max(d, probe_ns - core)
             self._last_extras_s = d / 1e9
             self._last_core_s = max(probe_ns - d, 0) / 1e9
             self._last_sampled = ev.get("sampled", True)
@@ -1341,6 +1490,12 @@ class Probe:
             self._emit_loaders()
             self._emit_optimizers()
             self.emit(E.ENV, **environment())
+        if self._lane.allowed:
+            try:
+                self._lane.consider(self, step, ev)   # arm the lane for the next step? (diag.probe.lane)
+            except Exception as e:
+                self._lane.off(self)
+                self.report_error("lane", e)
         self.own_ns += _ns() - t_close
         if self.max_steps is not None and step.index >= self.max_steps and not self._finishing:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
@@ -1366,7 +1521,7 @@ class Probe:
         self._budget_checked_n = self._ext_n
         names = tuple(type(e).__name__ for e in self._extensions if getattr(e, "SAMPLED_EXTRAS", False))
         self._budget_exts = names
-        if not names:
+        if not names and not self._lane.allowed:
             if self._budget is not None:
                 self._budget = None
                 self.sampled = True

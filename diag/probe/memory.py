@@ -88,6 +88,10 @@ class MemoryProbe:
         self._replaying = False
         self._eval_capture = False       # the captured batch is an evaluation forward's (no training yet)
 
+    # the probe's lane (diag.probe.lane) may skip its per-step hooks on unsampled steps: the allocator is
+    # read on sampled steps only, and a requested estimate waits for the next step it sees
+    LANE = True
+
     @property
     def SAMPLED_EXTRAS(self) -> bool:
         """It honours the step's ``sampled`` (the allocator is read on sampled steps only), and has

@@ -76,6 +76,14 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
         self._next_flush = FLUSH_AT[0]
         self._anomaly_on = self._profiler_on = _false    # bound to torch's at install
         self._debug_watch = False    # read the debug state every step (one was seen on)
+        self._debug_next = 1         # the next step whose debug state is read while not watching
+
+    @property
+    def LANE(self) -> bool:
+        """The probe's lane may skip this extension on its unsampled steps (diag.probe.lane): not while it
+        reads the debug state every step (anomaly detection or a profiler was seen on) or measures the
+        training's host syncs (a CUDA run's sync window)."""
+        return not self._debug_watch and not self._sync_open and not (self._cuda_training and not self._sync_done)
 
     # ---- install / uninstall -----------------------------------------------------------------------
     def install(self, probe) -> None:
@@ -126,9 +134,12 @@ class PerfProbe(AmpRecorder, EvalRecorder, ParallelRecorder, SyncRecorder, Tunin
         # Anomaly detection and profilers are read every step once one was seen (switched on through
         # torch's API, which tuning.py patches, or found on by a read); until then every DEBUG_EVERY-th step
         d = self.debug
-        d["steps"] += 1
         index = step.get("index", 0)
-        if self._debug_watch or index % DEBUG_EVERY == 1:
+        # the training steps so far (the step's index: the lane's steps, diag.probe.lane, skip this hook)
+        if index > d["steps"]:
+            d["steps"] = index
+        if self._debug_watch or index >= self._debug_next:
+            self._debug_next = index + DEBUG_EVERY
             try:
                 if self._anomaly_on():
                     d["anomaly_steps"] += 1

@@ -114,6 +114,9 @@ class TuningRecorder:
 
     def _located(self, key: str) -> None:
         self._debug_watch = True    # on_step_end reads the state every step from now on
+        lane_off = getattr(getattr(self, "_probe", None), "lane_off", None)
+        if lane_off is not None:    # ... the probe's lane included (diag.probe.lane: this is no longer LANE)
+            lane_off()
         if not self._live() or self.debug.get(key) is not None:
             return
         try:

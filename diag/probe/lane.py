@@ -1,0 +1,334 @@
+"""The probe's lane (issue 28): the unsampled steps of a plain training loop, accounted on a short path.
+
+Most steps of most runs look the same: one batch from the same DataLoader iterator, one forward of
+the same model from the same line of the script, one backward, one optimizer step that closes the
+step. The step machine (:mod:`diag.probe.stepmachine`) decides all of that from scratch on every step,
+and the probe's extensions look at every step; on a short step that work is most of the probe's cost
+(docs/performance.md, "Ninth pass"). The lane takes such a step on the probe's *unsampled* steps (the
+cost budget, :mod:`diag.probe.budget`: the steps on which the per-step extras do not run):
+
+- **armed** at the close of a step the full path accounted, when the last :data:`STREAK` steps had
+  that plain shape with the same iterator, model, call site and optimizer, nothing of an evaluation
+  is open, the hand-over is not discovering, every extension's per-step hook is idle or declares
+  that it may skip unsampled steps (``LANE = True``), and the budget says the next step is unsampled;
+- **on**, each hook checks that what it sees is the next expected event (a fetch, the model's
+  forward with the same call-site key, a loss module's forward, the backward, the optimizer's
+  step) and records its clock values only (:attr:`Lane.phase` says how far the step got);
+- **the step closes** in :meth:`Lane.close`: the same ``step`` event, key for key, as the step machine
+  would have built from the same clock values, and the same bookkeeping of the probe (loader,
+  optimizer, call-site counts, the hand-over's boundary, the budget), with ``sampled: false``;
+- **anything else** (another loader, a second forward, an evaluation, a closure, ``torch.compile``,
+  an exception, the run's end, an extension woken) hands the step back (:meth:`Lane.hand_back`): the
+  events it recorded are fed to the step machine in order, with their clock values, exactly as the
+  full path would have fed them, and the full path goes on from there. It is armed again only after
+  :data:`STREAK` plain steps on the full path.
+
+What a lane step does not do: call the extensions (their hooks are idle or ``LANE``), measure the
+probe's time on each hook (its ``probe_s`` is the close's measured time, the hooks' timed wrappers
+(``zero_grad``), and each of the lane's hook entries priced by a calibration at install, as the
+probe's other estimated parts are). ``DIAG_PROBE_LANE=0`` turns it off (every step on the full path).
+
+Nothing here imports torch or the probe's core: the probe passes itself in.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from diag.evidence import events as E
+from diag.probe.hooks import DiagStop
+
+STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
+ARM_FROM = 6          # never before this step (the probe's first steps carry its one-off work)
+ENTRIES = 4           # the lane's hook entries a step, priced by the calibration (fetch, forward, backward, optimizer pre)
+# the extension hooks that run during a step (a step's end included): each live one must be LANE
+# (not on_optimizer: it runs at an optimizer's first step, which the lane never takes)
+PER_STEP = ("on_data", "on_forward_start", "on_forward", "on_step_start", "on_step_end", "on_optimizer_step",
+            "on_eval_forward", "on_graph_forward")
+
+_ns = time.perf_counter_ns
+_pc = time.perf_counter
+
+
+def lane_enabled() -> bool:
+    return os.environ.get("DIAG_PROBE_LANE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def calibrate_entry_ns(rounds: int = 5, calls: int = 64) -> float:
+    """What one of the lane's hook entries costs beyond the hook call itself, warm: a clock read and
+    a few stores on a slotted object (the lowest of ``rounds`` runs of ``calls``)."""
+    rec = Lane()
+    pc = _pc
+
+    def entry(x):
+        rec.f_end = pc()
+        rec.phase = 2
+        rec.samples = x
+
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = _ns()
+        for i in range(calls):
+            entry(i)
+        best = min(best, (_ns() - t0) / calls)
+    return best
+
+
+def _dead():
+    return None
+
+
+class Lane:
+    """The lane's state: whether it is on, what it expects (set when armed), what this step recorded."""
+
+    __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "skey", "site_depth", "code",
+                 "line", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
+                 "b_start", "b_end", "o_start", "samples", "streak", "sig", "entry_ns", "core_ns", "steps",
+                 "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain", "quiet", "q_tot", "q_core")
+
+    def __init__(self, allowed: bool = False):
+        self.allowed = allowed
+        self.on = False
+        self.phase = 0           # 0 awaiting the fetch, 1 fetched, 2 forwarded, 3 backward done, 4 optimizer running
+        self.it_id = 0
+        self.rec: Any = None     # the probe's record of the iterator, and of its loader
+        self.info: Any = None
+        self.lid: Any = None
+        self.mref: Any = _dead   # weak references to the model and the optimizer (the lane keeps no user object alive)
+        self.skey = ""
+        self.site_depth = 0      # sys._getframe depth of the call site, counted from Probe.fwd_post
+        self.code: Any = None
+        self.line = 0
+        self.dev = "cpu"
+        self.acd: Any = None     # the autocast dtype of the call site (None: no autocast)
+        self.oref: Any = _dead
+        self.opt_id = 0
+        self.oinfo: Any = None
+        self.t_fetch = self.dt_fetch = self.f_start = self.f_end = self.bare_s = 0.0
+        self.b_start = self.b_end = self.o_start = 0.0
+        self.samples: Any = None
+        self.streak = 0
+        self.sig: Any = None
+        self.entry_ns = 0.0
+        self.core_ns: float | None = None   # the last lane step's probe time (the budget's core)
+        self.steps = 0           # steps the lane closed
+        self.handed_back = 0     # steps it handed back to the full path
+        self.ext_ver = -1        # the probe's extension version when lane_exts was listed
+        self.lane_exts: list = []   # the extensions with a live per-step hook
+        # what the full path saw in the step being closed (filled by its hooks, read when arming)
+        self.fwd: Any = None     # (model's weakref, call-site key, frame depth, code, line, device, autocast dtype)
+        self.fetch: Any = None   # (id(iterator), its record, its loader's record)
+        self.optc: Any = None    # (the optimizer's weak reference, the probe's record of it)
+        self.opt_plain = False   # the optimizer step ran without a closure
+        self.quiet = 0           # steps up to this index are fed to the budget later, together (Budget.quiet_until)
+        self.q_tot: list = []    # their wall times, and the core times they are fed with
+        self.q_core: list = []
+
+    # ---- arming (at the close of a step on the full path) ----------------------------------------------
+    def consider(self, p, step, ev: dict) -> None:
+        """A step closed on the full path (``ev`` its event, complete): count it towards the streak, and
+        arm the lane when the streak is long enough and the next step is unsampled."""
+        fwd, fetch, opt = self.fwd, self.fetch, self.optc
+        self.fwd = self.fetch = self.optc = None
+        sm = p.steps
+        ho = p._handover
+        model = fwd[0]() if fwd is not None else None
+        optimizer = opt[0]() if opt is not None and opt[0] is not None else None
+        plain = (model is not None and fetch is not None and optimizer is not None and self.opt_plain
+                 and ev.get("ended_by") == "optimizer" and step.n_forward == 1 and step.n_backward == 1
+                 and step.batches == 1 and not step.eval_s and not step.instrumented and step.micro_batches == 1
+                 and step.tokens is None and len(step.group) == 1 and len(step.extra) == 1
+                 and not sm.tail and not sm.tail_fwd and sm.es is None and sm.eval is None
+                 and not sm.eval_watched and not sm.closures and sm._alive <= 1
+                 and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
+                 and step.sample_site == fwd[1])
+        if not plain:
+            self.streak = 0
+            self.sig = None
+            return
+        sig = (id(model), fwd[1], fwd[2], fwd[3], fwd[4], fwd[6], fetch[0], id(optimizer))
+        if sig != self.sig:
+            self.sig = sig
+            self.streak = 1
+        else:
+            self.streak += 1
+        if (self.streak < STREAK or step.index < ARM_FROM or p.sampled or p._budget is None
+                or ho is None or not ho.active or ho.discovering or ho._pending is not None
+                or not p._bwd_wrapped or p._forked or not p.active or p._finishing or p.depth or p._in_data
+                or p.in_backward or id(model) not in ho.known or not self.extensions_ok(p)):
+            return
+        self.mref, self.skey, self.site_depth, self.code, self.line, self.dev, self.acd = fwd
+        self.it_id, self.rec, self.info = fetch
+        self.lid = fetch[1][1]
+        self.oref, self.oinfo = opt
+        self.opt_id = id(optimizer)
+        self.phase = 0
+        self.quiet = 0
+        self.on = True
+
+    def extensions_ok(self, p) -> bool:
+        """Every extension's per-step hook is idle, or its extension may skip unsampled steps (a class or
+        instance attribute ``LANE``, read each time: an extension may need every step for a while)."""
+        ver = p._ext_ver
+        if ver != self.ext_ver:
+            self.ext_ver = ver
+            idle = p._ext_idle
+            self.lane_exts = [ext for ext in p._extensions
+                              if any(getattr(ext, m, None) is not None and (id(ext), m) not in idle for m in PER_STEP)]
+        return all(getattr(ext, "LANE", False) for ext in self.lane_exts)
+
+    # ---- handing a step back to the full path ------------------------------------------------------------
+    def off(self, p) -> None:
+        """Turn the lane off at a step's boundary: the budget gets the steps still waiting in its list."""
+        self.on = False
+        if self.q_tot:
+            p._budget.feed_quiet(self.q_tot, self.q_core)
+            self.q_tot, self.q_core = [], []
+
+    def hand_back(self, p) -> None:
+        """Turn the lane off; the events of the step it was taking go to the step machine, in order, with
+        their clock values, as the full path's hooks would have fed them."""
+        self.off(p)
+        ph, self.phase = self.phase, 0
+        self.streak = 0
+        self.sig = None
+        if ph == 0:
+            return
+        self.handed_back += 1
+        sm = p.steps
+        sm.fetched(self.lid, self.t_fetch, self.dt_fetch)
+        if ph < 2:
+            return
+        skey = self.skey
+        step = sm.training_forward(self.f_start, self.f_end, skey)
+        p._site_counts[skey] += 1
+        p._site_dirty.add(skey)
+        step.micro_batches += 1
+        step.sample_site = skey
+        step.samples, step.tokens = self.samples, None
+        if self.bare_s:
+            sm.bare_forward(self.bare_s, True)
+        if ph < 3:
+            return
+        sm.backward(self.b_start, self.b_end)
+        if ph < 4:
+            return
+        p._opt_start[self.opt_id] = self.o_start
+
+    # ---- the step's close (the optimizer's post-hook) ----------------------------------------------------
+    def close(self, p, n0: int) -> bool:
+        """Close the step the lane took, at ``n0`` (``perf_counter_ns``): its event, the probe's
+        bookkeeping, the budget; the lane stays on when the next step is unsampled too. False (the step
+        handed back, for the full path to close) when an optimizer became known during the step: the
+        step machine counts the live optimizers again then, and the group may not be complete."""
+        sm = p.steps
+        if sm.optimizers_known != sm._alive_counted_at:
+            self.hand_back(p)
+            return False
+        end = n0 * 1e-9
+        self.phase = 0
+        try:
+            idx = sm.done + 1
+            start = sm.last_boundary
+            data = self.dt_fetch
+            fwd = self.f_end - self.f_start
+            if self.bare_s:
+                fwd += self.bare_s
+            bwd = self.b_end - self.b_start
+            opt = end - self.o_start
+            if opt < 0.0:
+                opt = 0.0
+            total = end - start
+            gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - data
+            sm.last_boundary = end
+            sm.done = idx
+            self.steps += 1
+            p.depth = 0
+            p._seek_model = False
+            self.oinfo["steps"] += 1
+            ho = p._handover
+            ho._opts[self.opt_id] = ho.outermost_forwards
+            counts = p._site_counts
+            skey = self.skey
+            n = counts[skey] = counts[skey] + 1
+            # the budget: a step that needs no decision waits in a list, fed with the next one that does
+            # (Budget.quiet_until: the steps before a review or a sampled step); each fed with the last
+            # step's core time, as the full path feeds it
+            b = p._budget
+            if idx <= self.quiet and not p._last_sampled:
+                self.q_tot.append(total)
+                self.q_core.append(p._last_core_s)
+                nxt = False
+            else:
+                if self.q_tot:
+                    b.feed_quiet(self.q_tot, self.q_core)
+                    self.q_tot, self.q_core = [], []
+                p.sampled = nxt = b.after_step(total, p._last_core_s, p._last_extras_s, p._last_sampled)
+                if b.changes:
+                    for change in b.pop_changes():
+                        p.emit(E.PROBE_SAMPLING, **change)
+                self.quiet = 0 if nxt else b.quiet_until()
+            # the probe's time in this step: its timed parts since the last step event (zero_grad's
+            # wrapper, this close), and the parts no timer sees, priced by the calibrations at install
+            own = p.own_ns + (_ns() - n0)
+            probe_ns = own - p._own_mark
+            p._own_mark = own
+            w0, h0, b0 = p._est_marks
+            w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
+            p._est_marks = (w1, h1, b1)
+            est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
+                   + ENTRIES * self.entry_ns)
+            p._est_ns += est
+            probe_ns += est
+            self.core_ns = probe_ns
+            p._last_core_s = probe_ns / 1e9
+            p._last_extras_s = 0.0
+            p._last_sampled = False
+            win = ho.boundary()
+            fast = p._step_sink
+            if fast is None or fast[0] is not p.sink:
+                fast = p._step_path()
+            fs = fast[1]
+            pre = int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0
+            if fs is not None and fs.ready and not win:
+                # the step event in one dict display, its keys in the full path's order (Probe.step_closed)
+                ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
+                      "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1,
+                      "n_backward": 1, "samples": self.samples, "tokens": None, "micro_batches": 1,
+                      "epoch": sm.epoch or None, "ended_by": "optimizer", "instrumented": False,
+                      "extra": {"pre_forward_s": pre}, "sampled": False, "probe_s": int(probe_ns + 0.5) / 1e9,
+                      "forward_counts": {skey: n}, "kind": E.STEP}
+                n1 = _ns()
+                ev["t"] = int((n1 * 1e-9 - p.t0) * 1e6 + 0.5) / 1e6
+                ev["rank"] = p.rank
+                if fast[2]:
+                    ev.update(fast[2])
+                fs.defer(ev)
+                p._sink_ns += _ns() - n1
+            else:
+                ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
+                      "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1,
+                      "n_backward": 1, "samples": self.samples, "tokens": None, "micro_batches": 1,
+                      "epoch": sm.epoch or None, "ended_by": "optimizer", "instrumented": False,
+                      "extra": {"pre_forward_s": pre}, "sampled": False, "probe_s": int(probe_ns + 0.5) / 1e9}
+                if win:
+                    ev["probe_window"] = True
+                ev["forward_counts"] = {skey: n}
+                p.emit_dict(E.STEP, ev)
+            p._site_dirty.discard(skey)
+            if nxt or ho.discovering or ho._pending is not None or p._site_dirty:
+                self.off(p)   # (for a sampled step only, the streak stays: armed again after it)
+                if ho.discovering or ho._pending is not None or p._site_dirty:
+                    self.streak = 0
+            n2 = _ns()
+            sm.closed_at = end + (n2 - n0) * 1e-9
+            p.own_ns += n2 - n0
+        except Exception as e:
+            self.off(p)
+            self.streak = 0
+            p.report_error("lane", e)
+            return True
+        if p.max_steps is not None and idx >= p.max_steps and not p._finishing:
+            raise DiagStop(f"--steps {p.max_steps} reached", "stopped")
+        return True
