@@ -139,10 +139,56 @@ def with_closure_later():
             opt.step(closure)
 
 
+class TokenLM(nn.Module):
+    """A language model called the Hugging Face way: keyword arguments, integer tokens, a dict out."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.emb(input_ids))
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()) if labels is not None else None
+        return {"loss": loss, "logits": logits}
+
+
+def with_tokens_and_keywords():
+    model = TokenLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, 50, (90 * 4, 12), generator=g)
+    for batch in DataLoader(TensorDataset(data), batch_size=4):
+        (ids,) = batch
+        out = model(input_ids=ids, labels=ids)
+        out["loss"].backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def with_a_second_optimizer_alive():
+    """Another optimizer object exists and never steps (kept for later, or a framework's wrapper): each
+    step's optimizer-step group ends at the next fetch, not at its optimizer step."""
+    model, spare_model = _model(), _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spare = torch.optim.SGD(spare_model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(_loader(100)):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if i == 70:
+            spare.zero_grad()     # it shows itself once, late: the group's rule does not change
+    del spare
+
+
 def _run(script, monkeypatch, lane: bool, max_steps=None):
     from diag.probe.core import Probe
 
     monkeypatch.setenv("DIAG_PROBE_LANE", "1" if lane else "0")
+    # a budget no probe fits in: the period is the floor (1 in 64) whatever the machine's load, so which
+    # steps are unsampled (the lane's) does not depend on timings
+    monkeypatch.setenv("DIAG_PROBE_BUDGET", "0.0001%")
     # the last run's optimizer may be garbage not yet collected: the probe counts live optimizers with the
     # collector's objects, and a second one would change where the steps close (not what is compared here)
     gc.collect()
@@ -198,6 +244,8 @@ SCRIPTS = {
     "exception": (with_exception_at(80), True),
     "autocast": (with_autocast, True),
     "closure": (with_closure_later, True),
+    "tokens_keywords": (with_tokens_and_keywords, True),
+    "second_optimizer": (with_a_second_optimizer_alive, True),
 }
 
 

@@ -50,7 +50,7 @@ from diag.probe.sink import FileSink
 from diag.probe import children
 from diag.probe.budget import Budget
 from diag.probe.evalsteps import EvalWatch
-from diag.probe.lane import Lane, calibrate_entry_ns, lane_enabled
+from diag.probe.lane import Lane, calibrate_entry_ns, lane_enabled, no_closure
 from diag.probe.stepmachine import Step as _Step
 from diag.probe.stepmachine import StepMachine
 from diag.probe.steps import batch_samples, detect_framework, install_manual_update
@@ -540,7 +540,10 @@ class Probe:
             if not probe.active or probe._forked:
                 return orig_next(it)
             if lane.on:
-                if lane.phase == 0 and id(it) == lane.it_id:
+                if lane.phase == 5 and id(it) == lane.it_id:
+                    # the step's optimizer-step group ends at this fetch (other optimizers are alive)
+                    lane.close(probe, _ns(), lane.o_end)
+                if lane.on and lane.phase == 0 and id(it) == lane.it_id:
                     # the lane (diag.probe.lane): the step's batch, its clock values and the loader's record
                     probe._in_data += 1
                     t0 = _pc()
@@ -572,9 +575,12 @@ class Probe:
                             sm.last_batch_samples = n
                     lane.t_fetch, lane.dt_fetch, lane.phase = t0, dt, 1
                     return batch
-                lane.hand_back(probe)
+                if lane.on:
+                    lane.hand_back(probe)
             if sm.current is not None:
                 sm.before_fetch(time.perf_counter())   # may close the last step: not data wait
+                if lane.on and lane.phase == 0 and id(it) == lane.it_id:
+                    return __next__(it)   # that close armed the lane: this fetch is its first step's
             n0 = _ns()
             t0 = n0 * 1e-9      # (perf_counter's clock)
             if probe._ext_live.get("on_data", True):
@@ -909,20 +915,24 @@ class Probe:
                         # the lane's model forward: the call-site key's parts checked, not rebuilt
                         # (Probe._on_top_forward builds it on the full path; diag.probe.lane)
                         ts = _TorchState
-                        t = args[0] if args else None
                         f = sys._getframe(lane.site_depth)
-                        if (type(output) is ts.Tensor and output.requires_grad and module.training is True
-                                and f.f_code is lane.code and f.f_lineno == lane.line and ts.grad()
-                                and type(t) is ts.Tensor and t.is_floating_point() and t.shape
+                        if (module.training is True and f.f_code is lane.code and f.f_lineno == lane.line and ts.grad()
+                                and (output.requires_grad if type(output) is ts.Tensor
+                                     else bool(output_grad_tensors(output)))
                                 and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
                                      else None) == lane.acd):
                             end = time.perf_counter()
-                            shape = t.shape
+                            # the step's samples as Probe._on_top_forward counts its first training forward
                             hint = self.steps.last_batch_samples
-                            samples = shape[0]
-                            if hint is not None and samples != hint and hint in shape:
-                                samples = hint
-                            lane.samples = samples
+                            t = args[0] if args else None
+                            shape = t.shape if type(t) is ts.Tensor else None
+                            if shape and t.is_floating_point():
+                                samples = shape[0]
+                                if hint is not None and samples != hint and hint in shape:
+                                    samples = hint
+                                lane.samples, lane.tokens = samples, None
+                            else:
+                                lane.samples, lane.tokens = samples_of(args, kwargs, hint)
                             lane.f_start, lane.f_end, lane.bare_s, lane.phase = self.forward_start, end, 0.0, 2
                             self._handover.outermost_forwards += 1
                             return None
@@ -1116,13 +1126,12 @@ class Probe:
                     step.micro_batches += 1
                     step.sample_site = skey
                     step.samples, step.tokens = samples, None
-                    # what the lane would check on the next steps (diag.probe.lane: Lane.consider)
-                    self._lane.fwd = (mref, skey, up, frame.f_code, frame.f_lineno, dev_type, acd) \
-                        if frame is not None and acd is not False and type(output) is ts.Tensor else None
                 else:
                     samples, tokens = samples_of(args, kwargs, sm.last_batch_samples)
                     sm.add_samples(step, skey, samples, tokens)
-                    self._lane.fwd = None
+                # what the lane would check on the next steps (diag.probe.lane: Lane.consider)
+                self._lane.fwd = (mref, skey, up, frame.f_code, frame.f_lineno, dev_type, acd) \
+                    if frame is not None and acd is not False else None
             else:
                 counted = sm.counts_samples(step, skey)
                 if counted:
@@ -1216,7 +1225,8 @@ class Probe:
             return None
         lane = self._lane
         if lane.on:
-            if lane.phase == 3 and opt is lane.oref() and not kwargs and (not args or (len(args) == 1 and args[0] is opt)):
+            if lane.phase == 3 and opt is lane.oref() and (
+                    (not kwargs and (not args or (len(args) == 1 and args[0] is opt))) or no_closure(opt, args, kwargs)):
                 lane.o_start, lane.phase = time.perf_counter(), 4   # the lane's optimizer step (diag.probe.lane)
                 return None
             lane.hand_back(self)
@@ -1260,8 +1270,13 @@ class Probe:
         t0 = _ns()
         lane = self._lane
         if lane.on:
-            if lane.phase == 4 and opt is lane.oref() and lane.close(self, t0):
-                return None    # the lane's step closed (diag.probe.lane)
+            if lane.phase == 4 and opt is lane.oref():
+                if lane.alive > 1:
+                    # other optimizers are alive: the group (and the step) ends at the next fetch
+                    lane.o_end, lane.phase = t0 * 1e-9, 5
+                    return None
+                if lane.close(self, t0):
+                    return None    # the lane's step closed (diag.probe.lane)
             if lane.on:
                 lane.hand_back(self)
         end = t0 * 1e-9      # (perf_counter's clock)

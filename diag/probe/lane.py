@@ -75,6 +75,16 @@ def calibrate_entry_ns(rounds: int = 5, calls: int = 64) -> float:
     return best
 
 
+def no_closure(opt: Any, args: tuple, kwargs: dict | None) -> bool:
+    """An optimizer step's arguments (as torch hands its pre-hook) carry no closure: what
+    ``StepMachine.wrap_closure`` finds nothing to time in (``step(closure=None)``, ``step(None)``)."""
+    closure = kwargs.get("closure") if kwargs else None
+    if closure is not None:
+        return not callable(closure)
+    at = 1 if args and args[0] is opt else 0
+    return not (len(args) > at and callable(args[at]))
+
+
 def _dead():
     return None
 
@@ -84,13 +94,14 @@ class Lane:
 
     __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "skey", "site_depth", "code",
                  "line", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
-                 "b_start", "b_end", "o_start", "samples", "streak", "sig", "entry_ns", "core_ns", "steps",
+                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns", "core_ns", "steps",
                  "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain", "quiet", "q_tot", "q_core")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
         self.on = False
-        self.phase = 0           # 0 awaiting the fetch, 1 fetched, 2 forwarded, 3 backward done, 4 optimizer running
+        self.phase = 0           # 0 awaiting the fetch, 1 fetched, 2 forwarded, 3 backward done, 4 optimizer running,
+        #                          5 optimizer stepped, the group open until the next fetch (other optimizers alive)
         self.it_id = 0
         self.rec: Any = None     # the probe's record of the iterator, and of its loader
         self.info: Any = None
@@ -106,8 +117,10 @@ class Lane:
         self.opt_id = 0
         self.oinfo: Any = None
         self.t_fetch = self.dt_fetch = self.f_start = self.f_end = self.bare_s = 0.0
-        self.b_start = self.b_end = self.o_start = 0.0
+        self.b_start = self.b_end = self.o_start = self.o_end = 0.0
         self.samples: Any = None
+        self.tokens: Any = None
+        self.alive = 1           # live optimizers when armed: with more, the step's group ends at the next fetch
         self.streak = 0
         self.sig: Any = None
         self.entry_ns = 0.0
@@ -138,9 +151,9 @@ class Lane:
         plain = (model is not None and fetch is not None and optimizer is not None and self.opt_plain
                  and ev.get("ended_by") == "optimizer" and step.n_forward == 1 and step.n_backward == 1
                  and step.batches == 1 and not step.eval_s and not step.instrumented and step.micro_batches == 1
-                 and step.tokens is None and len(step.group) == 1 and len(step.extra) == 1
+                 and len(step.group) == 1 and len(step.extra) == 1
                  and not sm.tail and not sm.tail_fwd and sm.es is None and sm.eval is None
-                 and not sm.eval_watched and not sm.closures and sm._alive <= 1
+                 and not sm.eval_watched and not sm.closures
                  and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
                  and step.sample_site == fwd[1])
         if not plain:
@@ -163,6 +176,7 @@ class Lane:
         self.lid = fetch[1][1]
         self.oref, self.oinfo = opt
         self.opt_id = id(optimizer)
+        self.alive = sm._alive
         self.phase = 0
         self.quiet = 0
         self.on = True
@@ -206,7 +220,7 @@ class Lane:
         p._site_dirty.add(skey)
         step.micro_batches += 1
         step.sample_site = skey
-        step.samples, step.tokens = self.samples, None
+        step.samples, step.tokens = self.samples, self.tokens
         if self.bare_s:
             sm.bare_forward(self.bare_s, True)
         if ph < 3:
@@ -214,19 +228,28 @@ class Lane:
         sm.backward(self.b_start, self.b_end)
         if ph < 4:
             return
-        p._opt_start[self.opt_id] = self.o_start
+        if ph == 4:
+            p._opt_start[self.opt_id] = self.o_start
+            return
+        # 5: the optimizer stepped (what Probe._opt_post does), its group still open
+        self.oinfo["steps"] += 1
+        ho = p._handover
+        ho._opts[self.opt_id] = ho.outermost_forwards
+        sm.optimizer_stepped(self.opt_id, self.o_start, self.o_end)
 
     # ---- the step's close (the optimizer's post-hook) ----------------------------------------------------
-    def close(self, p, n0: int) -> bool:
+    def close(self, p, n0: int, end: float | None = None) -> bool:
         """Close the step the lane took, at ``n0`` (``perf_counter_ns``): its event, the probe's
-        bookkeeping, the budget; the lane stays on when the next step is unsampled too. False (the step
+        bookkeeping, the budget; the lane stays on when the next step is unsampled too. ``end``: where the
+        step ends when that is not now (its optimizer-step group's end, closed at the next fetch). False (the step
         handed back, for the full path to close) when an optimizer became known during the step: the
         step machine counts the live optimizers again then, and the group may not be complete."""
         sm = p.steps
         if sm.optimizers_known != sm._alive_counted_at:
             self.hand_back(p)
             return False
-        end = n0 * 1e-9
+        if end is None:
+            end = n0 * 1e-9
         self.phase = 0
         try:
             idx = sm.done + 1
@@ -295,7 +318,7 @@ class Lane:
                 # the step event in one dict display, its keys in the full path's order (Probe.step_closed)
                 ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
                       "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1,
-                      "n_backward": 1, "samples": self.samples, "tokens": None, "micro_batches": 1,
+                      "n_backward": 1, "samples": self.samples, "tokens": self.tokens, "micro_batches": 1,
                       "epoch": sm.epoch or None, "ended_by": "optimizer", "instrumented": False,
                       "extra": {"pre_forward_s": pre}, "sampled": False, "probe_s": int(probe_ns + 0.5) / 1e9,
                       "forward_counts": {skey: n}, "kind": E.STEP}
@@ -309,7 +332,7 @@ class Lane:
             else:
                 ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
                       "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1,
-                      "n_backward": 1, "samples": self.samples, "tokens": None, "micro_batches": 1,
+                      "n_backward": 1, "samples": self.samples, "tokens": self.tokens, "micro_batches": 1,
                       "epoch": sm.epoch or None, "ended_by": "optimizer", "instrumented": False,
                       "extra": {"pre_forward_s": pre}, "sampled": False, "probe_s": int(probe_ns + 0.5) / 1e9}
                 if win:
