@@ -315,3 +315,41 @@ def test_budget_quiet_feeding_is_after_step_each():
     assert plain_run[2] == quiet_run[2]
     assert plain_run[0][:1490] == quiet_run[0][:1490]
     assert quiet_run[0].count(False) > 1000
+
+
+def test_the_device_timeline_rides_the_lane(monkeypatch):
+    """The device timeline is LANE: on a CUDA run the lane takes its unsampled steps too. Its marks (here
+    on a host-backed stand-in for CUDA events) are the same, label for label, with and without the lane:
+    none on an unsampled step but the end of the one before a sampled step; its count of unsampled steps
+    is the same."""
+    from test_timeline_probe import HostClock, Recording
+
+    from diag.evidence import Evidence
+    from diag.fold import fold
+    from diag.probe.core import Probe
+
+    def run(lane: bool):
+        monkeypatch.setenv("DIAG_PROBE_LANE", "1" if lane else "0")
+        monkeypatch.setenv("DIAG_PROBE_BUDGET", "0.0001%")
+        gc.collect()
+        clock = HostClock()
+        ext = Recording(clock=clock)
+        events: list = []
+        probe = Probe(events.append, extensions=[ext]).install()
+        try:
+            plain()
+            probe.finish("completed", 0)
+        finally:
+            probe.uninstall()
+        ev = Evidence()
+        for e in events:
+            fold(ev, e)
+        return clock.labels, ext.rec.unsampled, ev.primary.timeline, probe, events
+
+    labels, unsampled, tl, probe, with_lane = run(True)
+    labels0, unsampled0, tl0, probe0, without = run(False)
+    assert probe._lane.steps > 50 and probe0._lane.steps == 0
+    assert labels == labels0
+    assert unsampled == unsampled0 > 50
+    assert [s["index"] for s in tl.steps] == [s["index"] for s in tl0.steps]
+    _same(with_lane, without)

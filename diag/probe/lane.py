@@ -292,6 +292,14 @@ class Lane:
                     for change in b.pop_changes():
                         p.emit(E.PROBE_SAMPLING, **change)
                 self.quiet = 0 if nxt else b.quiet_until()
+            if nxt and p._ext_live.get("on_step_end", True):
+                # the last unsampled step before a sampled one: the extensions' step end (a LANE
+                # extension marks it there: the device timeline measures the sampled step's gap from it)
+                p._ext("on_step_end", {
+                    "index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
+                    "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1,
+                    "samples": self.samples, "tokens": self.tokens, "micro_batches": 1, "epoch": sm.epoch or None,
+                    "ended_by": "optimizer", "instrumented": False, "extra": {}, "sampled": False})
             # the probe's time in this step: its timed parts since the last step event (zero_grad's
             # wrapper, this close), and the parts no timer sees, priced by the calibrations at install
             own = p.own_ns + (_ns() - n0)

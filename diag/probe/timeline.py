@@ -413,6 +413,10 @@ class TimelineProbe:
     the probe samples only (``ctx.sampled``; the probe's cost budget, docs/probe.md)."""
 
     SAMPLED_EXTRAS = True       # honours ctx.sampled: the probe's budget decides which steps it times
+    # the probe's lane (diag.probe.lane) may skip its hooks on unsampled steps: they record nothing there.
+    # The lane calls on_step_end on the last unsampled step before a sampled one (its end mark); the
+    # steps it skipped are counted unsampled from the step indexes
+    LANE = True
 
     def __init__(self, clock: Clock | None = None):
         self._clock = clock
@@ -431,6 +435,7 @@ class TimelineProbe:
         self.copy_watch: dict = {"on": False}   # the perf extension's copy-watch flag (replaced at install)
         self._watch_prev = False
         self._sampled_n = 0         # sampled steps closed (resolution runs every POLL_EVERY of them)
+        self._last_index = 0        # the last step whose end this hook saw (the lane's steps skip it)
         self._flushed_at = 0        # rec.resolved when the totals were last written
 
     def install(self, ctx) -> None:
@@ -607,6 +612,10 @@ class TimelineProbe:
         if not self._on or rec is None:
             return
         w = self.copy_watch["on"]
+        index = step.get("index", 0) or 0
+        if self._last_index and index - self._last_index > 1:
+            rec.unsampled += index - self._last_index - 1    # unsampled steps the lane closed without this hook
+        self._last_index = index
         if step.get("sampled", True) is False:
             # not sampled (the probe's cost budget): nothing recorded. ctx.sampled is the next step's
             # here (the probe decides it before this hook): when it is sampled, one mark at this
@@ -635,6 +644,10 @@ class TimelineProbe:
         rec = self.rec
         if rec is None or not self._on:
             return
+        done = getattr(ctx, "steps_done", 0) or 0
+        if self._last_index and done > self._last_index:
+            rec.unsampled += done - self._last_index     # the lane's last steps (unsampled, no hook)
+            self._last_index = done
         # one bounded wait at the very end (not the hot path): let the last steps resolve
         deadline = time.perf_counter() + EXIT_WAIT_S
         done = rec.poll()
