@@ -566,13 +566,9 @@ class Probe:
                     if dt > info["max_wait_s"]:
                         info["max_wait_s"] = dt
                     lane.rec[3] += 1
-                    first = batch[0] if type(batch) in _SEQ and batch else batch
-                    if type(first) is tensor_cls and first.shape:
-                        sm.last_batch_samples = first.shape[0]
-                    else:
-                        n = batch_samples(batch)
-                        if n is not None:
-                            sm.last_batch_samples = n
+                    n = _batch_samples(batch, tensor_cls)
+                    if n is not None:
+                        sm.last_batch_samples = n
                     lane.t_fetch, lane.dt_fetch, lane.phase = t0, dt, 1
                     return batch
                 if lane.on:
@@ -626,13 +622,9 @@ class Probe:
             else:
                 lid = None
                 lane.fetch = None
-            first = batch[0] if type(batch) in _SEQ and batch else batch
-            if type(first) is tensor_cls and first.shape:
-                sm.last_batch_samples = first.shape[0]
-            else:
-                n = batch_samples(batch)
-                if n is not None:
-                    sm.last_batch_samples = n
+            n = _batch_samples(batch, tensor_cls)
+            if n is not None:
+                sm.last_batch_samples = n
             sm.fetched(lid, t0, dt)
             if sm.done == closed:   # a step closed in there counted itself
                 probe.own_ns += _ns() - n0
@@ -1583,6 +1575,15 @@ _ns = time.perf_counter_ns
 _ONCE = frozenset({"install", "uninstall", "on_exit"})   # extension hooks that run once, outside the steps
 STEADY_FROM = 5   # own_cost's steady parts count from this step's close (diag.evidence.probe.PROBE_WARMUP)
 _SEQ = (list, tuple)
+
+
+def _batch_samples(batch, tensor_cls) -> int | None:
+    """A DataLoader batch's samples (``batch_samples``), its common case first: a tensor, or a list or
+    tuple whose first item is one (both the lane's fetch and the full path's count it here)."""
+    first = batch[0] if type(batch) in _SEQ and batch else batch
+    if type(first) is tensor_cls and first.shape:
+        return first.shape[0]
+    return batch_samples(batch)
 
 
 def _loader_event(info: dict) -> dict:
