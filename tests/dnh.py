@@ -103,6 +103,8 @@ CASES = [
     Case("corpus/fsdp_train.py", ("--api", "fsdp2", "--steps", "8"), nproc=2),
     Case("corpus/generate_after_train.py"),
     Case("corpus/hf_trainer.py", slow=True, timeout=400),
+    # long enough for the probe's lane (diag.probe.lane) to take most steps: unsampled after step 26
+    Case("corpus/hf_trainer.py", ("--steps", "120"), slow=True, timeout=400),
     Case("corpus/lightning_fit.py", slow=True, timeout=400),
 ]
 
