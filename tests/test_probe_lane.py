@@ -24,8 +24,9 @@ TIMES = {"total_s", "data_s", "forward_s", "backward_s", "optimizer_s", "other_s
 
 def _loader(n: int, batch: int = 4, seed: int = 0) -> DataLoader:
     g = torch.Generator().manual_seed(seed)
-    return DataLoader(TensorDataset(torch.randn(n * batch, 8, generator=g), torch.randint(0, 3, (n * batch,), generator=g)),
-                      batch_size=batch)
+    x = torch.randn(n * batch, 8, generator=g)
+    y = torch.randint(0, 3, (n * batch,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=batch)
 
 
 def _model() -> nn.Module:
@@ -257,7 +258,8 @@ def test_lane_writes_the_same_evidence_as_the_full_path(name, monkeypatch):
     assert probe0._lane.steps == 0
     if lanes:
         assert probe._lane.steps > 10, (name, probe._lane.steps)   # the lane took steps: it was tested
-    assert not [e for e in with_lane if e["kind"] == "probe_error"], [e for e in with_lane if e["kind"] == "probe_error"]
+    errors = [e for e in with_lane if e["kind"] == "probe_error"]
+    assert not errors, errors
     _same(with_lane, without)
     # lane steps are the unsampled ones, and say so
     lane_steps = [e for e in with_lane if e["kind"] == "step" and e.get("sampled") is False]

@@ -1217,8 +1217,8 @@ class Probe:
             return None
         lane = self._lane
         if lane.on:
-            if lane.phase == 3 and opt is lane.oref() and (
-                    (not kwargs and (not args or (len(args) == 1 and args[0] is opt))) or no_closure(opt, args, kwargs)):
+            plain = not kwargs and (not args or (len(args) == 1 and args[0] is opt))
+            if lane.phase == 3 and opt is lane.oref() and (plain or no_closure(opt, args, kwargs)):
                 lane.o_start, lane.phase = time.perf_counter(), 4   # the lane's optimizer step (diag.probe.lane)
                 return None
             lane.hand_back(self)

@@ -41,7 +41,7 @@ from diag.probe.hooks import DiagStop
 
 STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
 ARM_FROM = 6          # never before this step (the probe's first steps carry its one-off work)
-ENTRIES = 4           # the lane's hook entries a step, priced by the calibration (fetch, forward, backward, optimizer pre)
+ENTRIES = 4           # the lane's hook entries a step priced by the calibration (fetch, forward, backward, optimizer)
 # the extension hooks that run during a step (a step's end included): each live one must be LANE
 # (not on_optimizer: it runs at an optimizer's first step, which the lane never takes)
 PER_STEP = ("on_data", "on_forward_start", "on_forward", "on_step_start", "on_step_end", "on_optimizer_step",
@@ -94,8 +94,9 @@ class Lane:
 
     __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "skey", "site_depth", "code",
                  "line", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
-                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns", "core_ns", "steps",
-                 "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain", "quiet", "q_tot", "q_core")
+                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
+                 "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
+                 "quiet", "q_tot", "q_core")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -241,9 +242,9 @@ class Lane:
     def close(self, p, n0: int, end: float | None = None) -> bool:
         """Close the step the lane took, at ``n0`` (``perf_counter_ns``): its event, the probe's
         bookkeeping, the budget; the lane stays on when the next step is unsampled too. ``end``: where the
-        step ends when that is not now (its optimizer-step group's end, closed at the next fetch). False (the step
-        handed back, for the full path to close) when an optimizer became known during the step: the
-        step machine counts the live optimizers again then, and the group may not be complete."""
+        step ends when that is not now (its optimizer-step group's end, closed at the next fetch). False
+        (the step handed back, for the full path to close) when an optimizer became known during the
+        step: the step machine counts the live optimizers again then, and the group may not be complete."""
         sm = p.steps
         if sm.optimizers_known != sm._alive_counted_at:
             self.hand_back(p)
