@@ -6,7 +6,8 @@ the same event — the same kinds in the same order, each step with the same key
 the same values, the timings apart (two runs cannot share a clock; they are checked for consistency
 instead). The scripts cover what hands a step back to the full path: an evaluation pass, a new epoch,
 a teacher model, gradient accumulation, a forward from another line, an exception inside a step, the
-``--steps`` limit, autocast, a closure."""
+``--steps`` limit, autocast, a closure; and what it takes on since: token ids passed by keyword with a
+dict out, and a step whose optimizer-step group ends at the next fetch (a second optimizer alive)."""
 from __future__ import annotations
 
 import gc
