@@ -1475,22 +1475,7 @@ class Probe:
             for k in dirty:           # (a loop, not a comprehension: one frame less per step)
                 fc[k] = counts[k]
             dirty.clear()
-        fast = self._step_sink
-        if fast is None or fast[0] is not self.sink:
-            fast = self._step_path()
-        fs = fast[1]
-        if fs is not None and fs.ready and not self._forked:
-            # emit_dict and the sinks' calls, inlined (issue 28): the event onto the writer's queue
-            ev["kind"] = E.STEP
-            n0 = _ns()
-            ev["t"] = int((n0 * 1e-9 - self.t0) * 1e6 + 0.5) / 1e6     # (emit_dict's rounding)
-            ev["rank"] = self.rank
-            if fast[2]:
-                ev.update(fast[2])
-            fs.defer(ev)
-            self._sink_ns += _ns() - n0
-        else:
-            self.emit_dict(E.STEP, ev)
+        self.write_step(ev)
         if not self._env_refreshed and step.index >= 2:
             # flags such as cudnn.benchmark are often set after import: read them again once
             self._env_refreshed = True
@@ -1506,6 +1491,25 @@ class Probe:
         self.own_ns += _ns() - t_close
         if self.max_steps is not None and step.index >= self.max_steps and not self._finishing:
             raise DiagStop(f"--steps {self.max_steps} reached", "stopped")
+
+    def write_step(self, ev: dict) -> None:
+        """Write a step event (the full path's and the lane's): straight onto the file sink's writer queue
+        when there is one (emit_dict and the sinks' calls, inlined: issue 28), else through emit_dict."""
+        fast = self._step_sink
+        if fast is None or fast[0] is not self.sink:
+            fast = self._step_path()
+        fs = fast[1]
+        if fs is not None and fs.ready and not self._forked:
+            ev["kind"] = E.STEP
+            n0 = _ns()
+            ev["t"] = int((n0 * 1e-9 - self.t0) * 1e6 + 0.5) / 1e6     # (emit_dict's rounding)
+            ev["rank"] = self.rank
+            if fast[2]:
+                ev.update(fast[2])
+            fs.defer(ev)
+            self._sink_ns += _ns() - n0
+        else:
+            self.emit_dict(E.STEP, ev)
 
     def _step_path(self) -> tuple:
         """(the sink it is for, the file sink under it or None, the tags it adds): the step event's way

@@ -293,14 +293,16 @@ class Lane:
                     for change in b.pop_changes():
                         p.emit(E.PROBE_SAMPLING, **change)
                 self.quiet = 0 if nxt else b.quiet_until()
+            # the step event, its keys in the full path's order (StepMachine.close, Probe.step_closed)
+            ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
+                  "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1,
+                  "samples": self.samples, "tokens": self.tokens, "micro_batches": 1, "epoch": sm.epoch or None,
+                  "ended_by": "optimizer", "instrumented": False,
+                  "extra": {"pre_forward_s": int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0}, "sampled": False}
             if nxt and p._ext_live.get("on_step_end", True):
                 # the last unsampled step before a sampled one: the extensions' step end (a LANE
                 # extension marks it there: the device timeline measures the sampled step's gap from it)
-                p._ext("on_step_end", {
-                    "index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
-                    "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1,
-                    "samples": self.samples, "tokens": self.tokens, "micro_batches": 1, "epoch": sm.epoch or None,
-                    "ended_by": "optimizer", "instrumented": False, "extra": {}, "sampled": False})
+                p._ext("on_step_end", ev)
             # the probe's time in this step: its timed parts since the last step event (zero_grad's
             # wrapper, this close), and the parts no timer sees, priced by the calibrations at install
             own = p.own_ns + (_ns() - n0)
@@ -317,37 +319,11 @@ class Lane:
             p._last_core_s = probe_ns / 1e9
             p._last_extras_s = 0.0
             p._last_sampled = False
-            win = ho.boundary()
-            fast = p._step_sink
-            if fast is None or fast[0] is not p.sink:
-                fast = p._step_path()
-            fs = fast[1]
-            pre = int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0
-            if fs is not None and fs.ready and not win:
-                # the step event in one dict display, its keys in the full path's order (Probe.step_closed)
-                ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
-                      "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1,
-                      "n_backward": 1, "samples": self.samples, "tokens": self.tokens, "micro_batches": 1,
-                      "epoch": sm.epoch or None, "ended_by": "optimizer", "instrumented": False,
-                      "extra": {"pre_forward_s": pre}, "sampled": False, "probe_s": int(probe_ns + 0.5) / 1e9,
-                      "forward_counts": {skey: n}, "kind": E.STEP}
-                n1 = _ns()
-                ev["t"] = int((n1 * 1e-9 - p.t0) * 1e6 + 0.5) / 1e6
-                ev["rank"] = p.rank
-                if fast[2]:
-                    ev.update(fast[2])
-                fs.defer(ev)
-                p._sink_ns += _ns() - n1
-            else:
-                ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
-                      "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1,
-                      "n_backward": 1, "samples": self.samples, "tokens": self.tokens, "micro_batches": 1,
-                      "epoch": sm.epoch or None, "ended_by": "optimizer", "instrumented": False,
-                      "extra": {"pre_forward_s": pre}, "sampled": False, "probe_s": int(probe_ns + 0.5) / 1e9}
-                if win:
-                    ev["probe_window"] = True
-                ev["forward_counts"] = {skey: n}
-                p.emit_dict(E.STEP, ev)
+            ev["probe_s"] = int(probe_ns + 0.5) / 1e9
+            if ho.boundary():
+                ev["probe_window"] = True
+            ev["forward_counts"] = {skey: n}
+            p.write_step(ev)
             p._site_dirty.discard(skey)
             if nxt or ho.discovering or ho._pending is not None or p._site_dirty:
                 self.off(p)   # (for a sampled step only, the streak stays: armed again after it)
