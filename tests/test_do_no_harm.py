@@ -112,3 +112,18 @@ def test_lines_of_the_two_streams_are_never_merged_in_the_log(tmp_path):
     err = [ln for ln in lines if ln.startswith("err ")]
     assert len(lines) == 800 and out == [f"out {i} " + "x" * 60 for i in range(400)]
     assert err == [f"err {i}" for i in range(400)]
+
+
+def test_only_torchs_teardown_abort_of_a_torchrun_launch_runs_again(tmp_path):
+    """A side runs again only when torch's gloo teardown abort took a torchrun launch: never for a
+    script that fails, nor for a single process, nor for a launch that exited 0."""
+    ddp, single = dnh.Case("x.py", nproc=2), dnh.Case("x.py")
+    abort = f"CORPUS_TRUTH {{}}\n{dnh.TEARDOWN_ABORT}\n"
+
+    def side(code, out):
+        return dnh.Side(code, out, {}, {}, tmp_path)
+
+    assert dnh.torn_down(ddp, side(1, abort))
+    assert not dnh.torn_down(ddp, side(0, abort))
+    assert not dnh.torn_down(ddp, side(1, "Traceback ...\nValueError: bad\n"))
+    assert not dnh.torn_down(single, side(-6, abort))
