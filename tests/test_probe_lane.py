@@ -356,3 +356,54 @@ def test_the_device_timeline_rides_the_lane(monkeypatch):
     assert unsampled == unsampled0 > 50
     assert [s["index"] for s in tl.steps] == [s["index"] for s in tl0.steps]
     _same(with_lane, without)
+
+
+def test_a_slow_last_lane_step_does_not_make_every_step_sampled(monkeypatch):
+    """The budget prices a sampled step's extras as its probe time beyond the lane's core. The core is
+    the median of the lane's last steps, without the extensions' step-end work the last unsampled step
+    before a sampled one carries: when it was that one step's time, an extension slow there (or a
+    collection inside that close) made the sampled step look free, the budget went to sampling every
+    step and the lane stopped for the rest of the run (bench_depth's 11-call step, 1 run in 5)."""
+    import time
+
+    from diag.probe.core import Probe
+    from diag.probe.lane import Lane
+
+    class SlowBeforeSampled:
+        LANE = True
+        name = "slow-before-sampled"
+
+        def install(self, ctx):
+            self.slept = 0
+
+        def on_step_end(self, ctx, step):
+            if ctx.sampled and ctx.steps_done > 30:   # the next step is sampled: the lane's last before it
+                self.slept += 1
+                time.sleep(0.004)
+
+    monkeypatch.setenv("DIAG_PROBE_LANE", "1")
+    monkeypatch.delenv("DIAG_PROBE_BUDGET", raising=False)     # the default: 1% of the step
+    gc.collect()
+    events: list = []
+    slow = SlowBeforeSampled()
+    probe = Probe(events.append, extensions=[slow], script=__file__).install()
+    try:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in _loader(400, batch=2):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        probe.finish("completed", 0)
+    finally:
+        probe.uninstall()
+    periods = [e["period"] for e in events if e["kind"] == "probe_sampling"]
+    # a sampled step is never priced as free: no review of the run samples every step
+    assert periods and min(periods) > 1, [e["reason"] for e in events if e["kind"] == "probe_sampling"]
+    assert probe._lane.steps > 300, probe._lane.steps
+    assert slow.slept >= 3          # the slow step-end happened: what is tested was there
+
+    lane = Lane(True)
+    lane.cores = [20e3] * 9 + [4e6]
+    lane.off(probe)
+    assert lane.core_ns == 20e3

@@ -467,6 +467,7 @@ class Probe:
         if self._lane.allowed:
             self._lane.entry_ns = calibrate_entry_ns()
             self._lane.core_ns = None
+            self._lane.cores = []
         if handover_enabled():
             self._handover = HandOver(self).install(scan=scan_modules)
             self._lifted.register(self._handover)

@@ -41,6 +41,7 @@ from diag.probe.hooks import DiagStop
 
 STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
 ARM_FROM = 6          # never before this step (the probe's first steps carry its one-off work)
+CORES = 16            # the lane steps whose median probe time is the budget's core (Lane.core_ns)
 ENTRIES = 4           # the lane's hook entries a step priced by the calibration (fetch, forward, backward, optimizer)
 # the extension hooks that run during a step (a step's end included): each live one must be LANE
 # (not on_optimizer: it runs at an optimizer's first step, which the lane never takes)
@@ -96,7 +97,7 @@ class Lane:
                  "line", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
-                 "quiet", "q_tot", "q_core")
+                 "quiet", "q_tot", "q_core", "cores")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -125,7 +126,8 @@ class Lane:
         self.streak = 0
         self.sig: Any = None
         self.entry_ns = 0.0
-        self.core_ns: float | None = None   # the last lane step's probe time (the budget's core)
+        self.core_ns: float | None = None   # the lane steps' probe time, their median (the budget's core)
+        self.cores: list = []    # the last lane steps' probe times (core_ns is their median, taken at off())
         self.steps = 0           # steps the lane closed
         self.handed_back = 0     # steps it handed back to the full path
         self.ext_ver = -1        # the probe's extension version when lane_exts was listed
@@ -200,6 +202,16 @@ class Lane:
         if self.q_tot:
             p._budget.feed_quiet(self.q_tot, self.q_core)
             self.q_tot, self.q_core = [], []
+        cores = self.cores
+        if cores:
+            # the budget's core: the median of the last lane steps, not the last one alone (a step a
+            # collection or a page fault slowed would make every full-path step's extras look free, and
+            # the budget would sample every step: issue 28, found on bench_depth's 11-call step)
+            if len(cores) > CORES:
+                del cores[:-CORES]
+            v = sorted(cores)
+            n = len(v)
+            self.core_ns = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
     def hand_back(self, p) -> None:
         """Turn the lane off; the events of the step it was taking go to the step machine, in order, with
@@ -299,10 +311,14 @@ class Lane:
                   "samples": self.samples, "tokens": self.tokens, "micro_batches": 1, "epoch": sm.epoch or None,
                   "ended_by": "optimizer", "instrumented": False,
                   "extra": {"pre_forward_s": int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0}, "sampled": False}
+            ext_ns = 0
             if nxt and p._ext_live.get("on_step_end", True):
                 # the last unsampled step before a sampled one: the extensions' step end (a LANE
-                # extension marks it there: the device timeline measures the sampled step's gap from it)
+                # extension marks it there: the device timeline measures the sampled step's gap from it);
+                # the probe's time on this step, not the lane's core (the budget prices sampling with it)
+                e0 = _ns()
                 p._ext("on_step_end", ev)
+                ext_ns = _ns() - e0
             # the probe's time in this step: its timed parts since the last step event (zero_grad's
             # wrapper, this close), and the parts no timer sees, priced by the calibrations at install
             own = p.own_ns + (_ns() - n0)
@@ -315,9 +331,9 @@ class Lane:
                    + ENTRIES * self.entry_ns)
             p._est_ns += est
             probe_ns += est
-            self.core_ns = probe_ns
-            p._last_core_s = probe_ns / 1e9
-            p._last_extras_s = 0.0
+            self.cores.append(probe_ns - ext_ns)
+            p._last_core_s = (probe_ns - ext_ns) / 1e9
+            p._last_extras_s = ext_ns / 1e9
             p._last_sampled = False
             ev["probe_s"] = int(probe_ns + 0.5) / 1e9
             if ho.boundary():
