@@ -184,8 +184,15 @@ def with_a_second_optimizer_alive():
     del spare
 
 
-def _run(script, monkeypatch, lane: bool, max_steps=None):
+def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True):
+    """The script under a probe; its events as the file sink wrote them (``file``: the lane's quiet steps
+    go to the sink's writer thread as records, built into events there), or as a callback got them."""
+    import json
+    import os
+    import tempfile
+
     from diag.probe.core import Probe
+    from diag.probe.sink import FileSink
 
     monkeypatch.setenv("DIAG_PROBE_LANE", "1" if lane else "0")
     # a budget no probe fits in: the period is the floor (1 in 64) whatever the machine's load, so which
@@ -195,7 +202,10 @@ def _run(script, monkeypatch, lane: bool, max_steps=None):
     # collector's objects, and a second one would change where the steps close (not what is compared here)
     gc.collect()
     events: list = []
-    probe = Probe(events.append, script=__file__, max_steps=max_steps)
+    fd, path = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    sink = FileSink(path) if file else events.append
+    probe = Probe(sink, script=__file__, max_steps=max_steps)
     probe.install()
     status, err = "completed", None
     try:
@@ -205,6 +215,11 @@ def _run(script, monkeypatch, lane: bool, max_steps=None):
     finally:
         probe.finish(status, 0, exception=err if isinstance(err, RuntimeError) else None)
         probe.uninstall()
+        if file:
+            sink.close()
+            with open(path) as f:
+                events = [json.loads(line) for line in f]
+        os.unlink(path)
     return events, probe
 
 
@@ -253,18 +268,33 @@ SCRIPTS = {
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_lane_writes_the_same_evidence_as_the_full_path(name, monkeypatch):
+    import diag.probe.lane as lane_mod
+
     script, lanes = SCRIPTS[name]
+    built = []
+    build = lane_mod.build_step
+    monkeypatch.setattr(lane_mod, "build_step", lambda rec: built.append(rec[1]) or build(rec))
     with_lane, probe = _run(script, monkeypatch, lane=True)
     without, probe0 = _run(script, monkeypatch, lane=False)
     assert probe0._lane.steps == 0
     if lanes:
         assert probe._lane.steps > 10, (name, probe._lane.steps)   # the lane took steps: it was tested
+        assert len(built) >= probe._lane.steps // 3, (name, len(built), probe._lane.steps)   # quiet steps: built by the writer
     errors = [e for e in with_lane if e["kind"] == "probe_error"]
     assert not errors, errors
     _same(with_lane, without)
     # lane steps are the unsampled ones, and say so
     lane_steps = [e for e in with_lane if e["kind"] == "step" and e.get("sampled") is False]
     assert len(lane_steps) >= probe._lane.steps
+
+
+def test_lane_through_a_callback_sink(monkeypatch):
+    """A sink with no writer thread (``diag.watch()``'s callback): the lane's steps are built on the step's
+    thread and are the same events."""
+    with_lane, probe = _run(plain, monkeypatch, lane=True, file=False)
+    without, _ = _run(plain, monkeypatch, lane=False, file=False)
+    assert probe._lane.steps > 10
+    _same(with_lane, without)
 
 
 def test_lane_hands_back_mid_step(monkeypatch):

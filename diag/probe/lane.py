@@ -90,6 +90,30 @@ def _dead():
     return None
 
 
+def build_step(rec: tuple) -> dict:
+    """A quiet lane step's event from its record (:meth:`Lane.close`), on the sink's writer thread
+    (:class:`diag.probe.sink.FileSink`): the event :meth:`Lane.close`'s other path and the full path write
+    (``StepMachine.close``, ``Probe.step_closed``, ``Probe.write_step``), key for key, same rounding."""
+    (_, idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap, probe_ns, window, skey, n, n0, t0, rank,
+     tags) = rec
+    if opt < 0.0:
+        opt = 0.0
+    ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt,
+          "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1, "samples": samples,
+          "tokens": tokens, "micro_batches": 1, "epoch": epoch, "ended_by": "optimizer", "instrumented": False,
+          "extra": {"pre_forward_s": int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0}, "sampled": False,
+          "probe_s": int(probe_ns + 0.5) / 1e9}
+    if window:
+        ev["probe_window"] = True
+    ev["forward_counts"] = {skey: n}
+    ev["kind"] = E.STEP
+    ev["t"] = int((n0 * 1e-9 - t0) * 1e6 + 0.5) / 1e6
+    ev["rank"] = rank
+    if tags:
+        ev.update(tags)
+    return ev
+
+
 class Lane:
     """The lane's state: whether it is on, what it expects (set when armed), what this step recorded."""
 
@@ -97,7 +121,7 @@ class Lane:
                  "line", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
-                 "quiet", "q_tot", "q_core", "cores")
+                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -128,6 +152,12 @@ class Lane:
         self.entry_ns = 0.0
         self.core_ns: float | None = None   # the lane steps' probe time, their median (the budget's core)
         self.cores: list = []    # the last lane steps' probe times (core_ns is their median, taken at off())
+        # a quiet step's close (Lane.close) leaves three records of the probe to off() (Lane.settle): the
+        # optimizer's step count, the hand-over's forwards at its last step, the call site's count
+        self.pend = 0            # quiet steps not yet counted in those records
+        self.n_site = 0          # the call site's count after the last lane step
+        self.ofw = 0             # the hand-over's outermost forwards at the last lane step
+        self.fast: Any = None    # (the sink, the file sink under it, its tags): the writer's queue (Probe._step_path)
         self.steps = 0           # steps the lane closed
         self.handed_back = 0     # steps it handed back to the full path
         self.ext_ver = -1        # the probe's extension version when lane_exts was listed
@@ -180,6 +210,12 @@ class Lane:
         self.oref, self.oinfo = opt
         self.opt_id = id(optimizer)
         self.alive = sm._alive
+        self.n_site = p._site_counts.get(self.skey, 0)
+        self.pend = 0
+        fast = p._step_sink
+        if fast is None or fast[0] is not p.sink:
+            fast = p._step_path()
+        self.fast = fast if fast[1] is not None else None
         self.phase = 0
         self.quiet = 0
         self.on = True
@@ -199,6 +235,8 @@ class Lane:
     def off(self, p) -> None:
         """Turn the lane off at a step's boundary: the budget gets the steps still waiting in its list."""
         self.on = False
+        if self.pend:
+            self.settle(p)
         if self.q_tot:
             p._budget.feed_quiet(self.q_tot, self.q_core)
             self.q_tot, self.q_core = [], []
@@ -212,6 +250,14 @@ class Lane:
             v = sorted(cores)
             n = len(v)
             self.core_ns = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+    def settle(self, p) -> None:
+        """The records a quiet step's close leaves for later (:meth:`close`): the optimizer's step count,
+        the hand-over's forwards at the optimizer's last step, the call site's forward count."""
+        k, self.pend = self.pend, 0
+        self.oinfo["steps"] += k
+        p._handover._opts[self.opt_id] = self.ofw
+        p._site_counts[self.skey] = self.n_site
 
     def hand_back(self, p) -> None:
         """Turn the lane off; the events of the step it was taking go to the step machine, in order, with
@@ -264,8 +310,62 @@ class Lane:
         if end is None:
             end = n0 * 1e-9
         self.phase = 0
+        idx = sm.done + 1
+        fast = self.fast
+        if (idx <= self.quiet and not p._last_sampled and fast is not None and fast[1].ready
+                and fast[0] is p.sink and not p._site_dirty):
+            # a quiet step (no decision of the budget, no extension, the writer's queue open): its clock
+            # values, as a record the sink's writer thread builds the step event from (build_step: the
+            # same event, key for key); the probe's records it touches are counted at off() (settle)
+            try:
+                start = sm.last_boundary
+                total = end - start
+                gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - self.dt_fetch
+                sm.last_boundary = end
+                sm.done = idx
+                self.steps += 1
+                self.pend += 1
+                p.depth = 0
+                p._seek_model = False
+                self.q_tot.append(total)
+                self.q_core.append(p._last_core_s)
+                ho = p._handover
+                window = ho.boundary()
+                self.ofw = ho.outermost_forwards
+                n = self.n_site = self.n_site + 1
+                own = p.own_ns + (_ns() - n0)
+                probe_ns = own - p._own_mark
+                p._own_mark = own
+                w0, h0, b0 = p._est_marks
+                w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
+                p._est_marks = (w1, h1, b1)
+                est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
+                       + ENTRIES * self.entry_ns)
+                p._est_ns += est
+                probe_ns += est
+                self.cores.append(probe_ns)
+                p._last_core_s = probe_ns / 1e9
+                p._last_extras_s = 0.0
+                fast[1].defer((build_step, idx, total, self.dt_fetch, self.f_end - self.f_start + self.bare_s,
+                               self.b_end - self.b_start, end - self.o_start, self.samples, self.tokens,
+                               sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2]))
+                if ho.discovering or ho._pending is not None:
+                    self.off(p)
+                    self.streak = 0
+                n2 = _ns()
+                sm.closed_at = end + (n2 - n0) * 1e-9
+                p.own_ns += n2 - n0
+            except Exception as e:
+                self.off(p)
+                self.streak = 0
+                p.report_error("lane", e)
+                return True
+            if p.max_steps is not None and idx >= p.max_steps and not p._finishing:
+                raise DiagStop(f"--steps {p.max_steps} reached", "stopped")
+            return True
         try:
-            idx = sm.done + 1
+            if self.pend:
+                self.settle(p)
             start = sm.last_boundary
             data = self.dt_fetch
             fwd = self.f_end - self.f_start
@@ -287,7 +387,7 @@ class Lane:
             ho._opts[self.opt_id] = ho.outermost_forwards
             counts = p._site_counts
             skey = self.skey
-            n = counts[skey] = counts[skey] + 1
+            n = counts[skey] = self.n_site = counts[skey] + 1
             # the budget: a step that needs no decision waits in a list, fed with the next one that does
             # (Budget.quiet_until: the steps before a review or a sampled step); each fed with the last
             # step's core time, as the full path feeds it

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from typing import Any
+
 from diag.evidence import events as E
 
 FLUSH_S = 0.2          # step events wait at most this long before they are written
@@ -107,14 +108,17 @@ class FileSink:
             pass
 
     # ---- internals ------------------------------------------------------------------------------------
-    def _line(self, event: dict) -> str:
+    def _line(self, event: dict | tuple) -> str:
+        if type(event) is tuple:
+            # a record to build the event from, here (the probe's lane: diag.probe.lane.build_step)
+            event = event[0](event)
         try:
             return self._enc.encode(event)
         except (ValueError, TypeError):   # NaN or infinity (JSON has no spelling for them), odd keys
             return json.dumps(_scrub(event), default=str)
 
     def _drain_lines(self) -> list[str]:
-        out = []
+        out: list[str] = []
         pending = self._pending
         while True:
             try:
