@@ -272,8 +272,8 @@ def test_lane_writes_the_same_evidence_as_the_full_path(name, monkeypatch):
 
     script, lanes = SCRIPTS[name]
     built = []
-    build = lane_mod.build_step
-    monkeypatch.setattr(lane_mod, "build_step", lambda rec: built.append(rec[1]) or build(rec))
+    line = lane_mod.step_line
+    monkeypatch.setattr(lane_mod, "step_line", lambda rec: built.append(rec[1]) or line(rec))
     with_lane, probe = _run(script, monkeypatch, lane=True)
     without, probe0 = _run(script, monkeypatch, lane=False)
     assert probe0._lane.steps == 0
@@ -286,6 +286,31 @@ def test_lane_writes_the_same_evidence_as_the_full_path(name, monkeypatch):
     # lane steps are the unsampled ones, and say so
     lane_steps = [e for e in with_lane if e["kind"] == "step" and e.get("sampled") is False]
     assert len(lane_steps) >= probe._lane.steps
+
+
+def test_the_quiet_steps_line_is_the_encoders():
+    """step_line writes the text json's encoder (the sink's) writes for build_step's event, and hands
+    over the event itself where the encoder's own rules must apply (a value not finite, not an int)."""
+    import json
+
+    from diag.probe.lane import build_step, step_line
+    from diag.probe.sink import FileSink
+
+    enc = json.JSONEncoder(default=str, allow_nan=False)
+    base = (step_line, 7, 0.00043125, 1.5e-05, 0.000123, 0.0002, 3.3e-05, 16, None, 1, 2.5e-06, 20123.4, False,
+            "train.py:41:Net", 8, 123456789012, 1.25, 0, {})
+    variants = [base, base[:8] + (None, 512) + base[10:], base[:12] + (True,) + base[13:],
+                base[:17] + (3, {"run": "r-1\"x"}) , base[:6] + (-1e-7,) + base[7:],
+                base[:9] + (None,) + base[10:], base[:13] + ('a "site" é',) + base[14:]]
+    for rec in variants:
+        got = step_line(rec)
+        assert got == enc.encode(build_step(rec)), rec
+        assert json.loads(got) == build_step(rec)
+    for odd in (base[:2] + (float("nan"),) + base[3:], base[:7] + (16.0,) + base[8:]):
+        assert isinstance(step_line(odd), dict)
+    sink = FileSink.__new__(FileSink)
+    sink._enc = enc
+    assert json.loads(sink._line(base[:2] + (float("nan"),) + base[3:]))["total_s"] is None
 
 
 def test_lane_through_a_callback_sink(monkeypatch):

@@ -32,6 +32,7 @@ Nothing here imports torch or the probe's core: the probe passes itself in.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -91,9 +92,9 @@ def _dead():
 
 
 def build_step(rec: tuple) -> dict:
-    """A quiet lane step's event from its record (:meth:`Lane.close`), on the sink's writer thread
-    (:class:`diag.probe.sink.FileSink`): the event :meth:`Lane.close`'s other path and the full path write
-    (``StepMachine.close``, ``Probe.step_closed``, ``Probe.write_step``), key for key, same rounding."""
+    """A quiet lane step's event from its record (:meth:`Lane.close`): the event :meth:`Lane.close`'s other
+    path and the full path write (``StepMachine.close``, ``Probe.step_closed``, ``Probe.write_step``), key
+    for key, same rounding."""
     (_, idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap, probe_ns, window, skey, n, n0, t0, rank,
      tags) = rec
     if opt < 0.0:
@@ -112,6 +113,44 @@ def build_step(rec: tuple) -> dict:
     if tags:
         ev.update(tags)
     return ev
+
+
+# the line json.JSONEncoder writes for build_step's event (default separators; floats as repr, as it does)
+_LINE = ('{"index": %d, "total_s": %r, "data_s": %r, "forward_s": %r, "backward_s": %r, "optimizer_s": %r, '
+         '"other_s": %r, "n_forward": 1, "n_backward": 1, "samples": %s, "tokens": %s, "micro_batches": 1, '
+         '"epoch": %s, "ended_by": "optimizer", "instrumented": false, "extra": {"pre_forward_s": %r}, '
+         '"sampled": false, "probe_s": %r%s, "forward_counts": {%s: %d}, "kind": "' + E.STEP + '", "t": %r, '
+         '"rank": %d%s}')
+_FRAGMENTS: dict = {}   # id(tags) -> (tags, their JSON fragment); id(skey) -> (skey, its JSON string)
+
+
+def _fragment(obj: Any, tags: bool) -> str:
+    got = _FRAGMENTS.get(id(obj))
+    if got is None or got[0] is not obj:
+        text = json.dumps(obj)
+        got = _FRAGMENTS[id(obj)] = (obj, (", " + text[1:-1]) if tags and obj else "" if tags else text)
+    return got[1]
+
+
+def step_line(rec: tuple) -> dict | str:
+    """A quiet lane step's event as the JSON line the sink writes (on the sink's writer thread:
+    :class:`diag.probe.sink.FileSink`), without building the dict and encoding it: the same text the
+    encoder writes for :func:`build_step`'s event. The event itself where a value is not a plain int,
+    None or finite float (the encoder's rules apply then)."""
+    (_, idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap, probe_ns, window, skey, n, n0, t0, rank,
+     tags) = rec
+    if opt < 0.0:
+        opt = 0.0
+    x = total + data + fwd + bwd + opt + gap + probe_ns
+    if (x - x != 0.0 or type(idx) is not int or type(n) is not int or type(rank) is not int
+            or (samples is not None and type(samples) is not int) or (tokens is not None and type(tokens) is not int)
+            or (epoch is not None and type(epoch) is not int) or type(skey) is not str):
+        return build_step(rec)
+    return _LINE % (idx, total, data, fwd, bwd, opt, total - data - fwd - bwd - opt,
+                    "null" if samples is None else samples, "null" if tokens is None else tokens,
+                    "null" if epoch is None else epoch, int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0,
+                    int(probe_ns + 0.5) / 1e9, ', "probe_window": true' if window else "", _fragment(skey, False), n,
+                    int((n0 * 1e-9 - t0) * 1e6 + 0.5) / 1e6, rank, _fragment(tags, True))
 
 
 class Lane:
@@ -346,7 +385,7 @@ class Lane:
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0
-                fast[1].defer((build_step, idx, total, self.dt_fetch, self.f_end - self.f_start + self.bare_s,
+                fast[1].defer((step_line, idx, total, self.dt_fetch, self.f_end - self.f_start + self.bare_s,
                                self.b_end - self.b_start, end - self.o_start, self.samples, self.tokens,
                                sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2]))
                 if ho.discovering or ho._pending is not None:

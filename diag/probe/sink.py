@@ -108,10 +108,13 @@ class FileSink:
             pass
 
     # ---- internals ------------------------------------------------------------------------------------
-    def _line(self, event: dict | tuple) -> str:
+    def _line(self, event: Any) -> str:
         if type(event) is tuple:
-            # a record to build the event from, here (the probe's lane: diag.probe.lane.build_step)
+            # a record to build the event's line (or the event) from, here (the probe's lane:
+            # diag.probe.lane.step_line)
             event = event[0](event)
+            if type(event) is str:
+                return event
         try:
             return self._enc.encode(event)
         except (ValueError, TypeError):   # NaN or infinity (JSON has no spelling for them), odd keys
