@@ -91,19 +91,26 @@ def _dead():
     return None
 
 
+def step_event(idx: int, total: float, data: float, fwd: float, bwd: float, opt: float, samples: Any, tokens: Any,
+               epoch: Any, gap: float) -> dict:
+    """A lane step's event up to ``sampled`` (what the extensions' ``on_step_end`` gets): the keys, their
+    order and rounding of ``StepMachine.close``'s event for such a step."""
+    if opt < 0.0:
+        opt = 0.0
+    return {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt,
+            "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1, "samples": samples,
+            "tokens": tokens, "micro_batches": 1, "epoch": epoch, "ended_by": "optimizer", "instrumented": False,
+            "extra": {"pre_forward_s": int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0}, "sampled": False}
+
+
 def build_step(rec: tuple) -> dict:
     """A quiet lane step's event from its record (:meth:`Lane.close`): the event :meth:`Lane.close`'s other
     path and the full path write (``StepMachine.close``, ``Probe.step_closed``, ``Probe.write_step``), key
     for key, same rounding."""
     (_, idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap, probe_ns, window, skey, n, n0, t0, rank,
      tags) = rec
-    if opt < 0.0:
-        opt = 0.0
-    ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt,
-          "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1, "samples": samples,
-          "tokens": tokens, "micro_batches": 1, "epoch": epoch, "ended_by": "optimizer", "instrumented": False,
-          "extra": {"pre_forward_s": int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0}, "sampled": False,
-          "probe_s": int(probe_ns + 0.5) / 1e9}
+    ev = step_event(idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap)
+    ev["probe_s"] = int(probe_ns + 0.5) / 1e9
     if window:
         ev["probe_window"] = True
     ev["forward_counts"] = {skey: n}
@@ -445,11 +452,7 @@ class Lane:
                         p.emit(E.PROBE_SAMPLING, **change)
                 self.quiet = 0 if nxt else b.quiet_until()
             # the step event, its keys in the full path's order (StepMachine.close, Probe.step_closed)
-            ev = {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd,
-                  "optimizer_s": opt, "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1,
-                  "samples": self.samples, "tokens": self.tokens, "micro_batches": 1, "epoch": sm.epoch or None,
-                  "ended_by": "optimizer", "instrumented": False,
-                  "extra": {"pre_forward_s": int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0}, "sampled": False}
+            ev = step_event(idx, total, data, fwd, bwd, opt, self.samples, self.tokens, sm.epoch or None, gap)
             ext_ns = 0
             if nxt and p._ext_live.get("on_step_end", True):
                 # the last unsampled step before a sampled one: the extensions' step end (a LANE
