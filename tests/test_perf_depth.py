@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 torch = pytest.importorskip("torch")
 
 import bench_depth  # noqa: E402
+import bench_wall  # noqa: E402
 
 
 @pytest.mark.slow
@@ -54,6 +55,27 @@ def test_steady_across_processes_reports_the_median_over_separate_processes():
         assert lo <= p[f"{part}_pct_median"] <= hi
         assert sorted(r[f"{part}_pct"] for r in p["per_process"]) == [lo, hi]
     assert p["self_reported_us_median"] > 0 and p["bare_step_ms_median"] > 0
+
+
+@pytest.mark.slow
+def test_wall_bench_times_the_script_bare_and_under_the_probe_which_records_every_step():
+    """bench/bench_wall.py: the script's own clock, separate processes, both probe sides really probed
+    (every step of the run, warm-up included, is a step event in its file)."""
+    logged: list = []
+    r = bench_wall.measure(10, steps=30, warm=5, rounds=2, sides=["bare", "probe", "probe-nolane"],
+                           log=logged.append)
+    assert len(logged) == 2 and len(r["bare_us"]) == 2 and all(b > 0 for b in r["bare_us"])
+    for side in ("probe", "probe-nolane"):
+        s = r[side]
+        assert s["added_us_range"][0] <= s["added_us_median"] <= s["added_us_range"][1]
+        assert s["added_pct_range"][0] <= s["added_pct_median"] <= s["added_pct_range"][1]
+        assert s["steps_recorded"] == [35, 35]
+
+
+def test_wall_bench_refuses_sides_it_cannot_compare(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench_wall.py", "--sides", "probe,bare"])
+    assert bench_wall.main() == 2
+    assert "must start with bare" in capsys.readouterr().err
 
 
 def test_detached_takes_the_probe_out_of_torch_and_puts_it_back(tmp_path):

@@ -1,0 +1,49 @@
+"""Workload of bench/bench_wall.py: a plain training loop, timed on its own clock, as a user's script
+would time itself. nn.Sequential of Linear(32, 32) + ReLU pairs (about CALLS module calls a forward),
+batch 16, SGD, cross-entropy, one DataLoader epoch, one intra-op thread. Prints one JSON line: the
+mean wall-clock step time (``time.perf_counter`` at each step's end) over the steps after WARM.
+
+    python bench/workloads/wall_steps.py --calls 10 --steps 4000 --warm 300
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=4000, help="steps timed, after the warm-up")
+    ap.add_argument("--warm", type=int, default=300, help="steps left out at the start")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers: list = []
+    for _ in range(max(1, a.calls // 2)):
+        layers += [nn.Linear(32, 32), nn.ReLU()]
+    model = nn.Sequential(*layers)
+    n = (a.steps + a.warm) * 16
+    loader = DataLoader(TensorDataset(torch.randn(n, 32), torch.randint(0, 32, (n,))), batch_size=16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    ends = []
+    for x, y in loader:
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        ends.append(time.perf_counter())
+    timed = ends[a.warm:]
+    print(json.dumps({"calls": a.calls, "steps": len(timed) - 1,
+                      "mean_step_s": (timed[-1] - timed[0]) / (len(timed) - 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
