@@ -4,7 +4,8 @@ same training script (bench/workloads/wall_steps.py) run in separate processes, 
 writer thread), in alternated rounds (the order rotates each round so drift hits every side). Each
 run prints its mean step time over the steps after its warm-up, measured by the script itself with
 ``time.perf_counter``: everything the probe costs the step's thread, the writer thread's share of the
-GIL included (the CPU-time benchmark, bench_depth.py --steady, leaves that out).
+GIL included (the CPU-time benchmark, bench_depth.py --steady, leaves that out). Beside it, the CPU
+a step added on the step's thread and on the process's other threads (the event writer).
 
 Sides: ``bare``; ``probe``; ``probe-nolane`` (DIAG_PROBE_LANE=0: every step on the full path).
 
@@ -47,7 +48,8 @@ def run_side(side: str, args: list, tmp: str, k: int) -> tuple:
     if side != "bare":
         with open(events, encoding="utf-8") as f:
             steps = sum(1 for ln in f if '"kind": "step"' in ln)
-    return float(json.loads(line)["mean_step_s"]), steps
+    got = json.loads(line)
+    return float(got["mean_step_s"]), steps, got["thread_cpu_step_s"], got["process_cpu_step_s"]
 
 
 def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=print) -> dict:
@@ -56,13 +58,15 @@ def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=pri
     args = ["--calls", str(calls), "--steps", str(steps), "--warm", str(warm)]
     got: dict = {s: [] for s in sides}
     recorded: dict = {s: [] for s in sides}
+    cpu: dict = {s: [] for s in sides}
     with tempfile.TemporaryDirectory(prefix="diag-bench-wall-") as tmp:
         for r in range(rounds):
             order = sides[r % len(sides):] + sides[:r % len(sides)]
             row = {}
             for s in order:
-                row[s], n = run_side(s, args, tmp, r)
+                row[s], n, th, pr = run_side(s, args, tmp, r)
                 got[s].append(row[s])
+                cpu[s].append((th, pr))
                 recorded[s].append(n)
             log(f"round {r + 1}: " + ", ".join(f"{s} {row[s] * 1e6:.1f} us" for s in sides)
                 + "".join(f"; {s} {(row[s] - row['bare']) * 1e6:+.1f} us ({row[s] / row['bare'] - 1:+.1%})"
@@ -76,7 +80,13 @@ def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=pri
                       "added_us_range": [round(min(diffs), 1), round(max(diffs), 1)],
                       "added_pct_median": round(statistics.median(ratios), 2),
                       "added_pct_range": [round(min(ratios), 2), round(max(ratios), 2)],
-                      "steps_recorded": recorded[s]}
+                      "steps_recorded": recorded[s],
+                      # CPU a step against the same round's bare run: the step's thread, and the other
+                      # threads (the process's CPU beyond its step thread: the event writer)
+                      "thread_cpu_added_us_median": round(statistics.median(
+                          (c[0] - b[0]) * 1e6 for c, b in zip(cpu[s], cpu["bare"])), 1),
+                      "other_threads_cpu_added_us_median": round(statistics.median(
+                          ((c[1] - c[0]) - (b[1] - b[0])) * 1e6 for c, b in zip(cpu[s], cpu["bare"])), 1)}
     return summary
 
 
@@ -101,7 +111,8 @@ def main() -> int:
         r = summary[s]
         print(f"{s}: {r['added_us_median']:+.1f} us a step median (range {r['added_us_range'][0]:+.1f}.."
               f"{r['added_us_range'][1]:+.1f}), {r['added_pct_median']:+.2f}% (range {r['added_pct_range'][0]:+.2f}.."
-              f"{r['added_pct_range'][1]:+.2f}%) over {a.rounds} rounds")
+              f"{r['added_pct_range'][1]:+.2f}%) over {a.rounds} rounds; CPU a step: step thread "
+              f"{r['thread_cpu_added_us_median']:+.1f} us, other threads {r['other_threads_cpu_added_us_median']:+.1f} us")
     print(json.dumps(summary))
     return 0
 

@@ -70,6 +70,8 @@ def test_wall_bench_times_the_script_bare_and_under_the_probe_which_records_ever
         assert s["added_us_range"][0] <= s["added_us_median"] <= s["added_us_range"][1]
         assert s["added_pct_range"][0] <= s["added_pct_median"] <= s["added_pct_range"][1]
         assert s["steps_recorded"] == [35, 35]
+        assert isinstance(s["thread_cpu_added_us_median"], float)
+        assert isinstance(s["other_threads_cpu_added_us_median"], float)
 
 
 def test_wall_bench_refuses_sides_it_cannot_compare(capsys, monkeypatch):

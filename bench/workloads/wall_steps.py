@@ -1,7 +1,9 @@
 """Workload of bench/bench_wall.py: a plain training loop, timed on its own clock, as a user's script
 would time itself. nn.Sequential of Linear(32, 32) + ReLU pairs (about CALLS module calls a forward),
 batch 16, SGD, cross-entropy, one DataLoader epoch, one intra-op thread. Prints one JSON line: the
-mean wall-clock step time (``time.perf_counter`` at each step's end) over the steps after WARM.
+mean wall-clock step time (``time.perf_counter`` at each step's end) over the steps after WARM, and
+the CPU time a step of this thread and of the whole process (other threads included: the probe's
+event writer).
 
     python bench/workloads/wall_steps.py --calls 10 --steps 4000 --warm 300
 """
@@ -32,16 +34,20 @@ def main() -> int:
     loader = DataLoader(TensorDataset(torch.randn(n, 32), torch.randint(0, 32, (n,))), batch_size=16)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
-    ends = []
+    ends, cpu = [], []
     for x, y in loader:
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         ends.append(time.perf_counter())
+        if len(ends) in (a.warm + 1, a.warm + a.steps):
+            cpu.append((time.thread_time(), time.process_time()))
     timed = ends[a.warm:]
-    print(json.dumps({"calls": a.calls, "steps": len(timed) - 1,
-                      "mean_step_s": (timed[-1] - timed[0]) / (len(timed) - 1)}))
+    n = len(timed) - 1
+    print(json.dumps({"calls": a.calls, "steps": n, "mean_step_s": (timed[-1] - timed[0]) / n,
+                      "thread_cpu_step_s": (cpu[-1][0] - cpu[0][0]) / n,
+                      "process_cpu_step_s": (cpu[-1][1] - cpu[0][1]) / n}))
     return 0
 
 
