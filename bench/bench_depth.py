@@ -40,12 +40,12 @@ QUICK = {"calls": "10,100", "rounds": 3, "steps": 8, "steady": 40, "processes": 
 
 
 def measure(calls: str, variants: str, rounds: int, steps: int, warmup: int = 6, timeout: float = 1800,
-            steady: int = 0) -> dict:
+            steady: int = 0, loss: str = "functional") -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, str(WORKLOAD), "--calls", calls, "--variants", variants, "--rounds", str(rounds),
-           "--steps", str(steps), "--warmup", str(warmup), "--steady", str(steady)]
+           "--steps", str(steps), "--warmup", str(warmup), "--steady", str(steady), "--loss", loss]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"depth workload failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -132,14 +132,14 @@ def per_call_slope(res: dict) -> float | None:
     return round((u1 - u0) / (c1 - c0), 3)
 
 
-def across_processes(calls: str, processes: int, pairs: int, timeout: float = 1800) -> dict:
+def across_processes(calls: str, processes: int, pairs: int, timeout: float = 1800, loss: str = "functional") -> dict:
     """The steady measurement at one depth in ``processes`` separate processes. Each process's memory
     layout is its own, and at depth it moves the probe's steady cost by more than the spread inside
     one process shows (at 801 calls, 0.1% to 1.6% of a step between processes of one hour): the
     headline is the median over processes, with their range and IQR."""
     rows = []
     for _ in range(processes):
-        raw = measure(calls, "bare", 1, 2, steady=pairs, timeout=timeout)
+        raw = measure(calls, "bare", 1, 2, steady=pairs, timeout=timeout, loss=loss)
         d = next(iter(raw.values()))
         rows.append(steady_row(d["steady"], d["module_calls"]))
     out = {"processes": len(rows), "pairs_each": pairs, "module_calls": next(iter(raw.values()))["module_calls"]}
@@ -223,10 +223,13 @@ def main() -> int:
     ap.add_argument("--steady", type=int, help="pairs of the steady-state measurement (0: none)")
     ap.add_argument("--processes", type=int, help="also run the steady measurement in this many separate "
                     "processes at the first depth of --calls and report the median over them")
+    ap.add_argument("--loss", choices=("functional", "module"), default="functional",
+                    help="the step's loss: nn.functional.cross_entropy (default), or an nn.CrossEntropyLoss "
+                    "module, as many scripts call it (the probe hooks it too: docs/performance.md, tenth pass)")
     a = ap.parse_args()
     if a.processes:
         calls = (a.calls or "800").split(",")[0]
-        p = across_processes(calls, a.processes, a.steady or FULL["steady"])
+        p = across_processes(calls, a.processes, a.steady or FULL["steady"], loss=a.loss)
         print_processes(p)
         print(json.dumps(p, indent=2))
         return 0
@@ -237,7 +240,7 @@ def main() -> int:
     if "bare" not in a.variants.split(","):
         a.variants = "bare," + a.variants
     res = summarise(measure(cfg["calls"], a.variants, cfg["rounds"], cfg["steps"], warmup=3 if a.quick else 6,
-                            steady=cfg["steady"]))
+                            steady=cfg["steady"], loss=a.loss))
     print_table(res)
     print(json.dumps(res, indent=2))
     return 0

@@ -141,6 +141,9 @@ class Variant:
 
 
 WARMUP = [6]
+# the step's loss: the functional one (default), or a loss *module* (--loss module), as many scripts
+# call it: an outermost module without parameters, which carries the probe's hooks too
+LOSS: list = [nn.functional.cross_entropy]
 
 
 def block(model, loader, opt, steps: int, warmup: int, per_step: list | None = None,
@@ -155,7 +158,7 @@ def block(model, loader, opt, steps: int, warmup: int, per_step: list | None = N
     while done < steps + warmup:
         for x, y in loader:
             opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
+            LOSS[0](model(x), y).backward()
             opt.step()
             now, c_now = time.perf_counter(), time.thread_time()
             times.append(now - t_prev)
@@ -269,7 +272,7 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
                 it = iter(loader)
                 x, y = next(it)
             opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
+            LOSS[0](model(x), y).backward()
             opt.step()
             cpu.append(time.thread_time() - c0)
             touched.append(ho is not None and (ho.window_calls != w0 or ho.discovering))
@@ -331,7 +334,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=6)   # the probe's one-off steps (FLOP count at step 3)
     ap.add_argument("--steady", type=int, default=0, help="pairs of the steady-state measurement (0: none)")
+    ap.add_argument("--loss", choices=("functional", "module"), default="functional",
+                    help="the step's loss: nn.functional.cross_entropy, or an nn.CrossEntropyLoss module")
     a = ap.parse_args()
+    if a.loss == "module":
+        LOSS[0] = nn.CrossEntropyLoss()
     torch.set_num_threads(1)
     WARMUP[0] = a.warmup
     variants = a.variants.split(",")
