@@ -343,6 +343,21 @@ class Lane:
         sm.optimizer_stepped(self.opt_id, self.o_start, self.o_end)
 
     # ---- the step's close (the optimizer's post-hook) ----------------------------------------------------
+    def own(self, p, ho, n0: int) -> float:
+        """The probe's time in this step (ns): its timed parts since the last step event (the timed
+        wrappers', this close's up to now) and the parts no timer sees (the hand-over's hooked calls, the
+        backward's hooks, the lane's hook entries), priced by the calibrations at install."""
+        own = p.own_ns + (_ns() - n0)
+        probe_ns = own - p._own_mark
+        p._own_mark = own
+        w0, h0, b0 = p._est_marks
+        w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
+        p._est_marks = (w1, h1, b1)
+        est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
+               + ENTRIES * self.entry_ns)
+        p._est_ns += est
+        return probe_ns + est
+
     def close(self, p, n0: int, end: float | None = None) -> bool:
         """Close the step the lane took, at ``n0`` (``perf_counter_ns``): its event, the probe's
         bookkeeping, the budget; the lane stays on when the next step is unsampled too. ``end``: where the
@@ -358,12 +373,12 @@ class Lane:
         self.phase = 0
         idx = sm.done + 1
         fast = self.fast
-        if (idx <= self.quiet and not p._last_sampled and fast is not None and fast[1].ready
-                and fast[0] is p.sink and not p._site_dirty):
-            # a quiet step (no decision of the budget, no extension, the writer's queue open): its clock
-            # values, as a record the sink's writer thread builds the step event from (build_step: the
-            # same event, key for key); the probe's records it touches are counted at off() (settle)
-            try:
+        try:
+            if (idx <= self.quiet and not p._last_sampled and fast is not None and fast[1].ready
+                    and fast[0] is p.sink and not p._site_dirty):
+                # a quiet step (no decision of the budget, no extension, the writer's queue open): its clock
+                # values, as a record the sink's writer thread builds the step event from (build_step: the
+                # same event, key for key); the probe's records it touches are counted at off() (settle)
                 start = sm.last_boundary
                 total = end - start
                 gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - self.dt_fetch
@@ -379,16 +394,7 @@ class Lane:
                 window = ho.boundary()
                 self.ofw = ho.outermost_forwards
                 n = self.n_site = self.n_site + 1
-                own = p.own_ns + (_ns() - n0)
-                probe_ns = own - p._own_mark
-                p._own_mark = own
-                w0, h0, b0 = p._est_marks
-                w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
-                p._est_marks = (w1, h1, b1)
-                est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
-                       + ENTRIES * self.entry_ns)
-                p._est_ns += est
-                probe_ns += est
+                probe_ns = self.own(p, ho, n0)
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0
@@ -398,95 +404,75 @@ class Lane:
                 if ho.discovering or ho._pending is not None:
                     self.off(p)
                     self.streak = 0
-                n2 = _ns()
-                sm.closed_at = end + (n2 - n0) * 1e-9
-                p.own_ns += n2 - n0
-            except Exception as e:
-                self.off(p)
-                self.streak = 0
-                p.report_error("lane", e)
-                return True
-            if p.max_steps is not None and idx >= p.max_steps and not p._finishing:
-                raise DiagStop(f"--steps {p.max_steps} reached", "stopped")
-            return True
-        try:
-            if self.pend:
-                self.settle(p)
-            start = sm.last_boundary
-            data = self.dt_fetch
-            fwd = self.f_end - self.f_start
-            if self.bare_s:
-                fwd += self.bare_s
-            bwd = self.b_end - self.b_start
-            opt = end - self.o_start
-            if opt < 0.0:
-                opt = 0.0
-            total = end - start
-            gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - data
-            sm.last_boundary = end
-            sm.done = idx
-            self.steps += 1
-            p.depth = 0
-            p._seek_model = False
-            self.oinfo["steps"] += 1
-            ho = p._handover
-            ho._opts[self.opt_id] = ho.outermost_forwards
-            counts = p._site_counts
-            skey = self.skey
-            n = counts[skey] = self.n_site = counts[skey] + 1
-            # the budget: a step that needs no decision waits in a list, fed with the next one that does
-            # (Budget.quiet_until: the steps before a review or a sampled step); each fed with the last
-            # step's core time, as the full path feeds it
-            b = p._budget
-            if idx <= self.quiet and not p._last_sampled:
-                self.q_tot.append(total)
-                self.q_core.append(p._last_core_s)
-                nxt = False
             else:
-                if self.q_tot:
-                    b.feed_quiet(self.q_tot, self.q_core)
-                    self.q_tot, self.q_core = [], []
-                p.sampled = nxt = b.after_step(total, p._last_core_s, p._last_extras_s, p._last_sampled)
-                if b.changes:
-                    for change in b.pop_changes():
-                        p.emit(E.PROBE_SAMPLING, **change)
-                self.quiet = 0 if nxt else b.quiet_until()
-            # the step event, its keys in the full path's order (StepMachine.close, Probe.step_closed)
-            ev = step_event(idx, total, data, fwd, bwd, opt, self.samples, self.tokens, sm.epoch or None, gap)
-            ext_ns = 0
-            if nxt and p._ext_live.get("on_step_end", True):
-                # the last unsampled step before a sampled one: the extensions' step end (a LANE
-                # extension marks it there: the device timeline measures the sampled step's gap from it);
-                # the probe's time on this step, not the lane's core (the budget prices sampling with it)
-                e0 = _ns()
-                p._ext("on_step_end", ev)
-                ext_ns = _ns() - e0
-            # the probe's time in this step: its timed parts since the last step event (zero_grad's
-            # wrapper, this close), and the parts no timer sees, priced by the calibrations at install
-            own = p.own_ns + (_ns() - n0)
-            probe_ns = own - p._own_mark
-            p._own_mark = own
-            w0, h0, b0 = p._est_marks
-            w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
-            p._est_marks = (w1, h1, b1)
-            est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
-                   + ENTRIES * self.entry_ns)
-            p._est_ns += est
-            probe_ns += est
-            self.cores.append(probe_ns - ext_ns)
-            p._last_core_s = (probe_ns - ext_ns) / 1e9
-            p._last_extras_s = ext_ns / 1e9
-            p._last_sampled = False
-            ev["probe_s"] = int(probe_ns + 0.5) / 1e9
-            if ho.boundary():
-                ev["probe_window"] = True
-            ev["forward_counts"] = {skey: n}
-            p.write_step(ev)
-            p._site_dirty.discard(skey)
-            if nxt or ho.discovering or ho._pending is not None or p._site_dirty:
-                self.off(p)   # (for a sampled step only, the streak stays: armed again after it)
-                if ho.discovering or ho._pending is not None or p._site_dirty:
-                    self.streak = 0
+                if self.pend:
+                    self.settle(p)
+                start = sm.last_boundary
+                data = self.dt_fetch
+                fwd = self.f_end - self.f_start
+                if self.bare_s:
+                    fwd += self.bare_s
+                bwd = self.b_end - self.b_start
+                opt = end - self.o_start
+                if opt < 0.0:
+                    opt = 0.0
+                total = end - start
+                gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - data
+                sm.last_boundary = end
+                sm.done = idx
+                self.steps += 1
+                p.depth = 0
+                p._seek_model = False
+                self.oinfo["steps"] += 1
+                ho = p._handover
+                ho._opts[self.opt_id] = ho.outermost_forwards
+                counts = p._site_counts
+                skey = self.skey
+                n = counts[skey] = self.n_site = counts[skey] + 1
+                # the budget: a step that needs no decision waits in a list, fed with the next one that does
+                # (Budget.quiet_until: the steps before a review or a sampled step); each fed with the last
+                # step's core time, as the full path feeds it
+                b = p._budget
+                if idx <= self.quiet and not p._last_sampled:
+                    self.q_tot.append(total)
+                    self.q_core.append(p._last_core_s)
+                    nxt = False
+                else:
+                    if self.q_tot:
+                        b.feed_quiet(self.q_tot, self.q_core)
+                        self.q_tot, self.q_core = [], []
+                    p.sampled = nxt = b.after_step(total, p._last_core_s, p._last_extras_s, p._last_sampled)
+                    if b.changes:
+                        for change in b.pop_changes():
+                            p.emit(E.PROBE_SAMPLING, **change)
+                    self.quiet = 0 if nxt else b.quiet_until()
+                # the step event, its keys in the full path's order (StepMachine.close, Probe.step_closed)
+                ev = step_event(idx, total, data, fwd, bwd, opt, self.samples, self.tokens, sm.epoch or None, gap)
+                ext_ns = 0
+                if nxt and p._ext_live.get("on_step_end", True):
+                    # the last unsampled step before a sampled one: the extensions' step end (a LANE
+                    # extension marks it there: the device timeline measures the sampled step's gap from it);
+                    # the probe's time on this step, not the lane's core (the budget prices sampling with it)
+                    e0 = _ns()
+                    p._ext("on_step_end", ev)
+                    ext_ns = _ns() - e0
+                # the probe's time in this step: its timed parts since the last step event (zero_grad's
+                # wrapper, this close), and the parts no timer sees, priced by the calibrations at install
+                probe_ns = self.own(p, ho, n0)
+                self.cores.append(probe_ns - ext_ns)
+                p._last_core_s = (probe_ns - ext_ns) / 1e9
+                p._last_extras_s = ext_ns / 1e9
+                p._last_sampled = False
+                ev["probe_s"] = int(probe_ns + 0.5) / 1e9
+                if ho.boundary():
+                    ev["probe_window"] = True
+                ev["forward_counts"] = {skey: n}
+                p.write_step(ev)
+                p._site_dirty.discard(skey)
+                if nxt or ho.discovering or ho._pending is not None or p._site_dirty:
+                    self.off(p)   # (for a sampled step only, the streak stays: armed again after it)
+                    if ho.discovering or ho._pending is not None or p._site_dirty:
+                        self.streak = 0
             n2 = _ns()
             sm.closed_at = end + (n2 - n0) * 1e-9
             p.own_ns += n2 - n0
