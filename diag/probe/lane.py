@@ -413,9 +413,7 @@ class Lane:
                 if self.bare_s:
                     fwd += self.bare_s
                 bwd = self.b_end - self.b_start
-                opt = end - self.o_start
-                if opt < 0.0:
-                    opt = 0.0
+                opt = end - self.o_start        # (step_event clamps it at 0)
                 total = end - start
                 gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - data
                 sm.last_boundary = end
@@ -456,8 +454,6 @@ class Lane:
                     e0 = _ns()
                     p._ext("on_step_end", ev)
                     ext_ns = _ns() - e0
-                # the probe's time in this step: its timed parts since the last step event (zero_grad's
-                # wrapper, this close), and the parts no timer sees, priced by the calibrations at install
                 probe_ns = self.own(p, ho, n0)
                 self.cores.append(probe_ns - ext_ns)
                 p._last_core_s = (probe_ns - ext_ns) / 1e9
