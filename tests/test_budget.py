@@ -178,3 +178,67 @@ def test_a_short_run_is_sampled_throughout():
     n = B.FIRST + B.REVIEW
     assert _feed(b, n, 0.002, 150e-6, 300e-6) == list(range(1, n + 1))
     assert not b.sampled and b.period == B.FLOOR      # the next one is the first left out
+
+
+def _feed_clock(b: B.Budget, n: int, step_s: float, core_s: float, timed_s: float, wall_s: float,
+                spill: float = 0.5, odd: dict | None = None) -> list[int]:
+    """Feed n steps where sampling costs ``wall_s`` on the step clock (``1 - spill`` of it in the sampled
+    step, ``spill`` in the unsampled one after it) while the probe's timers see ``timed_s``; ``odd``:
+    {sampled-step index: extra wall time} for a one-off."""
+    out, after = [], False
+    odd = odd or {}
+    for _ in range(n):
+        i = b.steps + 1
+        s = b.sampled
+        total = step_s
+        if s:
+            out.append(i)
+            total += (1 - spill) * wall_s + odd.get(i, 0.0)
+        elif after:
+            total += spill * wall_s
+        after = s
+        b.after_step(total, core_s, timed_s if s else 0.0)
+    return out
+
+
+def test_sampling_is_priced_by_what_it_costs_on_the_step_clock_when_that_is_more():
+    # 2 ms step: 20 µs budget, 13 µs core leaves 7 µs; the timers see 90 µs a sampled step (period 16),
+    # the step clock 170 µs (the sampled step and, spilled over, the one after it): period 32
+    timed = B.Budget()
+    _feed(timed, 2000, 0.002, 13e-6, 90e-6)
+    assert timed.period == 16
+    b = B.Budget()
+    sampled = _feed_clock(b, 2000, 0.002, 13e-6, 90e-6, 170e-6)
+    assert b.period == 32
+    late = [i for i in sampled if i > 1000]
+    assert {y - x for x, y in zip(late, late[1:])} == {32}
+    ch = b.changes[-1]
+    assert ch["extras_s"] == pytest.approx(170e-6, rel=0.02)
+    assert "step clock" in ch["reason"] and "timers saw 90 µs" in ch["reason"]
+    # where the step clock shows less than the timers (they are a lower bound), the timers' figure holds
+    c = B.Budget()
+    _feed_clock(c, 2000, 0.002, 13e-6, 90e-6, 30e-6)
+    assert c.period == 16 and "step clock" not in c.changes[-1]["reason"]
+
+
+def test_one_slow_sampled_step_does_not_set_the_measured_cost():
+    # a collection in one sampled step (50 ms): the median of the last sampled steps holds
+    b = B.Budget()
+    _feed_clock(b, 170, 0.002, 13e-6, 90e-6, 170e-6, odd={B.FIRST + 16 * 3: 0.050})
+    assert max(b._measured) > 0.049                     # it was measured ...
+    assert b.period == 32                               # ... and did not set the period (that is 64)
+    assert max(c["extras_s"] for c in b.changes) < 250e-6
+
+
+def test_a_step_time_that_varies_does_not_read_as_a_cost_of_sampling():
+    # steps of 2 ms with a long right tail (lognormal, sigma 0.3: some steps 4 ms) and no cost of
+    # sampling on the clock: the measured figure stays near 0, the timers' 90 µs set the period
+    import random
+
+    rnd = random.Random(7)
+    b = B.Budget()
+    for _ in range(3000):
+        s = b.sampled
+        b.after_step(0.002 * rnd.lognormvariate(0, 0.3), 13e-6, 90e-6 if s else 0.0)
+    assert b.period == 16
+    assert len(b._measured) == B.MEASURED and b._measure() is None

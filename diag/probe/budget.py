@@ -16,7 +16,13 @@ core and extras:
   budget (share x median step) less the core's median; extras cost ``x`` per sampled step (the median
   over the window's sampled steps of what each brought, with what the unsampled step after it brought:
   extras counted a step late still count, and a one-off cost, a first record or a compilation, does
-  not set the rate). The period
+  not set the rate), or, when it is larger, what sampling costs on the step's own clock: the median,
+  over the last :data:`MEASURED` sampled steps, of the wall time a sampled step and the unsampled step
+  after it took beyond two unsampled steps in a row next to them (the median of a few such pairs),
+  when that is clear of the step time's own noise (the probe's timers see its own code only, not
+  torch's dispatch of its hooks, the caches its work evicts, or an extension's step end that lands in
+  the next step: on the depth sweep's 101-call 2 ms CPU step they saw 120-170 µs where the step clock showed
+  180-290). The period
   ``p`` (1 step in ``p`` sampled) is the smallest power of two with ``x / p <= room``; with no room at
   all (the core alone is over the budget) it is the floor :data:`FLOOR` (1 in 64); the period goes
   down again only when the smaller one fits with a 25% margin (no flapping at a boundary);
@@ -46,6 +52,9 @@ FLOOR = 64              # never fewer than 1 step in 64 sampled
 REVIEW = 16             # the period is reviewed every this many steps (after the first ones)
 WINDOW = 64             # over the last this many steps
 DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin
+MEASURED = 16           # sampled steps whose cost on the step clock is kept (their median is used)
+MEASURED_MIN = 8        # ... and how many are needed before it is used
+NEAR = 4                # unsampled pairs of steps on each side of a sampled one it is measured against
 _OFF = ("0", "off", "none", "no", "false")
 _INF = math.inf
 
@@ -100,6 +109,10 @@ class Budget:
         self._total: deque = deque(maxlen=window)
         self._core: deque = deque(maxlen=window)
         self._extras: deque = deque(maxlen=window)    # (extras_s, sampled) per step
+        self._clock: deque = deque(maxlen=window)     # (index, total_s or None, sampled) per step
+        self._measured: deque = deque(maxlen=MEASURED)  # sampling's cost on the step clock, a sampled step each
+        self._measured_to = 0                           # the last sampled step measured
+        self._measured_cost: float | None = None        # what _measure() said last
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> "Budget":
@@ -137,8 +150,10 @@ class Budget:
         if was:
             self.sampled_steps += 1
         if self.share > 0:
-            if 0.0 < total_s < _INF:        # (NaN compares false)
+            ok = 0.0 < total_s < _INF       # (NaN compares false)
+            if ok:
                 self._total.append(total_s)
+            self._clock.append((i, total_s if ok else None, was))
             self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
             self._extras.append((extras_s if 0.0 < extras_s < _INF else 0.0,
                                  was if extras_sampled is None else extras_sampled))
@@ -163,7 +178,10 @@ class Budget:
                 per.append(x + (nxt[0] if nxt is not None and not nxt[1] else 0.0))
         if not per:
             return          # no sampled step in the window: nothing new to judge the extras by
-        extras = _median(per)
+        extras = timed = _median(per)
+        measured = self._measure()
+        if measured is not None and measured > extras:
+            extras = measured
         room = self.share * step - core
         if extras <= 0 or room >= extras:
             period, why = 1, (f"core {_us(core)} + extras {_us(extras)} fit in {_us(self.share * step)} "
@@ -179,11 +197,60 @@ class Budget:
                              self.period)
             why = (f"extras {_us(extras)} a sampled step, {_us(room)} of room after the core ({_us(core)}) "
                    f"in {self.share * 100:g}% of the {_us(step)} step")
+        if measured is not None and measured > timed:
+            why += (f"; extras as the step clock measured them over the last {len(self._measured)} sampled "
+                    f"steps (the probe's timers saw {_us(timed)})")
         if period != self.period:
             self.period = period
             self.changes.append({"step": i + 1, "period": period, "budget": self.share, "first": self.first,
                                  "step_s": round(step, 9), "core_s": round(core, 9), "extras_s": round(extras, 9),
                                  "reason": why})
+
+    def _measure(self) -> float | None:
+        """Sampling's cost on the step clock (s per sampled step), or None where it is not clear of the
+        noise. For each sampled step in the window not measured yet and followed by an unsampled one: the
+        two steps' wall time less the median wall time of two unsampled steps in a row around them (up
+        to :data:`NEAR` such pairs before, :data:`NEAR` after: pairs against pairs, so a step time that
+        varies does not read as a cost, and neighbours, so a step time that changes does not either).
+        The figure is the median of the last :data:`MEASURED`, used only when there are
+        :data:`MEASURED_MIN` and it is more than three times its standard error (a step time that
+        varies more than sampling costs leaves the timers' figure in charge). A sampled step without
+        :data:`NEAR` pairs after it yet waits for the next review."""
+        clock = self._clock
+        todo, last = self._measured_to, clock[-1][0] if clock else 0
+        if not any(was and todo < i < last for i, _, was in clock):
+            return self._measured_cost          # nothing new since the last review
+        clock = list(clock)
+        pairs = []                # (position, the two steps' wall time) of unsampled pairs, in order
+        for j in range(len(clock) - 1):
+            i, t, was = clock[j]
+            k, t2, was2 = clock[j + 1]
+            if not was and not was2 and k == i + 1 and t is not None and t2 is not None:
+                pairs.append((j, t + t2))
+        for j in range(len(clock) - 1):
+            i, t, was = clock[j]
+            k, t2, was2 = clock[j + 1]
+            if not was or i <= self._measured_to:
+                continue
+            if was2 or k != i + 1 or t is None or t2 is None:
+                self._measured_to = i           # never measurable (no unsampled step after it)
+                continue
+            after = [v for q, v in pairs if q > j + 1][:NEAR]
+            if len(after) < NEAR:
+                break
+            near = [v for q, v in pairs if q < j][-NEAR:] + after
+            self._measured.append(t + t2 - _median(near))
+            self._measured_to = i
+        n = len(self._measured)
+        if n < MEASURED_MIN:
+            return None
+        costs = list(self._measured)
+        cost = _median(costs)
+        # the standard error of that median: 1.2533 x the figures' standard deviation / sqrt(n), the
+        # deviation from their median absolute deviation (an odd step does not widen it)
+        noise = 1.2533 * 1.4826 * _median([abs(c - cost) for c in costs]) / math.sqrt(n)
+        self._measured_cost = cost if cost > 3 * noise else None
+        return self._measured_cost
 
     def quiet_until(self) -> int:
         """The last step index, from the next one fed on, up to which feeding needs no decision: no review
@@ -205,8 +272,10 @@ class Budget:
         no extras): what :meth:`after_step` does for each, without its decision."""
         for total_s, core_s in zip(totals, cores):
             self.steps += 1
-            if 0.0 < total_s < _INF:
+            ok = 0.0 < total_s < _INF
+            if ok:
                 self._total.append(total_s)
+            self._clock.append((self.steps, total_s if ok else None, False))
             self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
             self._extras.append((0.0, False))
         self.sampled = False
@@ -223,4 +292,4 @@ class Budget:
                 "floor": self.floor, "steps": self.steps, "sampled": self.sampled_steps}
 
 
-__all__ = ["Budget", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "REVIEW", "WINDOW", "parse_share"]
+__all__ = ["Budget", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "MEASURED", "REVIEW", "WINDOW", "parse_share"]
