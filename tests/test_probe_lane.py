@@ -7,7 +7,8 @@ the same values, the timings apart (two runs cannot share a clock; they are chec
 instead). The scripts cover what hands a step back to the full path: an evaluation pass, a new epoch,
 a teacher model, gradient accumulation, a forward from another line, an exception inside a step, the
 ``--steps`` limit, autocast, a closure; and what it takes on since: token ids passed by keyword with a
-dict out, and a step whose optimizer-step group ends at the next fetch (a second optimizer alive)."""
+dict out, a step whose optimizer-step group ends at the next fetch (a second optimizer alive), and a
+loop that builds its batches without a DataLoader (then goes on with one)."""
 from __future__ import annotations
 
 import gc
@@ -184,6 +185,39 @@ def with_a_second_optimizer_alive():
     del spare
 
 
+def without_a_loader():
+    # batches the script builds itself (no DataLoader: nanoGPT's get_batch, word_language_model), with an
+    # evaluation forward under no_grad now and then
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    for i in range(150):
+        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+        opt.zero_grad()
+        crit(model(x), y).backward()
+        opt.step()
+        if i % 50 == 49:
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            model.train()
+
+
+def without_a_loader_then_with_one():
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(80):
+        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+        opt.zero_grad()
+        crit(model(x), y).backward()
+        opt.step()
+    for x, y in _loader(60):
+        opt.zero_grad()
+        crit(model(x), y).backward()
+        opt.step()
+
+
 def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True):
     """The script under a probe; its events as the file sink wrote them (``file``: the lane's quiet steps
     go to the sink's writer thread as records, built into events there), or as a callback got them."""
@@ -263,6 +297,8 @@ SCRIPTS = {
     "closure": (with_closure_later, True),
     "tokens_keywords": (with_tokens_and_keywords, True),
     "second_optimizer": (with_a_second_optimizer_alive, True),
+    "no_loader": (without_a_loader, True),
+    "no_loader_then_loader": (without_a_loader_then_with_one, True),
 }
 
 

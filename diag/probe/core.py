@@ -284,7 +284,8 @@ class Probe:
 
     @property
     def current_step(self) -> _Step | None:
-        if self._lane.phase:     # a step the lane is taking: the machine gets it first (diag.probe.lane)
+        lane = self._lane
+        if lane.phase > lane.rest:    # a step the lane is taking: the machine gets it first (diag.probe.lane)
             self.lane_off()
         return self.steps.current
 

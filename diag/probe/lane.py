@@ -1,6 +1,7 @@
 """The probe's lane (issue 28): the unsampled steps of a plain training loop, accounted on a short path.
 
-Most steps of most runs look the same: one batch from the same DataLoader iterator, one forward of
+Most steps of most runs look the same: one batch from the same DataLoader iterator (or none: a loop
+that builds its batches itself, ``rest`` 1), one forward of
 the same model from the same line of the script, one backward, one optimizer step that closes the
 step. The step machine (:mod:`diag.probe.stepmachine`) decides all of that from scratch on every step,
 and the probe's extensions look at every step; on a short step that work is most of the probe's cost
@@ -167,14 +168,16 @@ class Lane:
                  "line", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
-                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast")
+                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
         self.on = False
         self.phase = 0           # 0 awaiting the fetch, 1 fetched, 2 forwarded, 3 backward done, 4 optimizer running,
         #                          5 optimizer stepped, the group open until the next fetch (other optimizers alive)
-        self.it_id = 0
+        self.rest = 0            # the phase between steps: 0, or 1 in a loop that fetches no batch from a
+        #                          DataLoader (its batches built by the script: a step begins at its forward)
+        self.it_id = 0           # id() of the step's DataLoader iterator (0: a loop without one)
         self.rec: Any = None     # the probe's record of the iterator, and of its loader
         self.info: Any = None
         self.lid: Any = None
@@ -227,19 +230,24 @@ class Lane:
         ho = p._handover
         model = fwd[0]() if fwd is not None else None
         optimizer = opt[0]() if opt is not None and opt[0] is not None else None
-        plain = (model is not None and fetch is not None and optimizer is not None and self.opt_plain
+        # a step with one batch from a DataLoader, or (``rest`` 1) with none and one optimizer alive (its
+        # optimizer step is the step's end: a second optimizer's group would end at a fetch that never comes)
+        if fetch is not None:
+            fetched = step.batches == 1 and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
+        else:
+            fetched = step.batches == 0 and sm._alive <= 1
+        plain = (model is not None and fetched and optimizer is not None and self.opt_plain
                  and ev.get("ended_by") == "optimizer" and step.n_forward == 1 and step.n_backward == 1
-                 and step.batches == 1 and not step.eval_s and not step.instrumented and step.micro_batches == 1
+                 and not step.eval_s and not step.instrumented and step.micro_batches == 1
                  and len(step.group) == 1 and len(step.extra) == 1
                  and not sm.tail and not sm.tail_fwd and sm.es is None and sm.eval is None
                  and not sm.eval_watched and not sm.closures
-                 and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
                  and step.sample_site == fwd[1])
         if not plain:
             self.streak = 0
             self.sig = None
             return
-        sig = (id(model), fwd[1], fwd[2], fwd[3], fwd[4], fwd[6], fetch[0], id(optimizer))
+        sig = (id(model), fwd[1], fwd[2], fwd[3], fwd[4], fwd[6], fetch[0] if fetch is not None else 0, id(optimizer))
         if sig != self.sig:
             self.sig = sig
             self.streak = 1
@@ -251,8 +259,14 @@ class Lane:
                 or p.in_backward or id(model) not in ho.known or not self.extensions_ok(p)):
             return
         self.mref, self.skey, self.site_depth, self.code, self.line, self.dev, self.acd = fwd
-        self.it_id, self.rec, self.info = fetch
-        self.lid = fetch[1][1]
+        if fetch is not None:
+            self.it_id, self.rec, self.info = fetch
+            self.lid = fetch[1][1]
+            self.rest = 0
+        else:
+            self.it_id, self.rec, self.info, self.lid = 0, None, None, None
+            self.rest = 1
+            self.t_fetch = self.dt_fetch = 0.0
         self.oref, self.oinfo = opt
         self.opt_id = id(optimizer)
         self.alive = sm._alive
@@ -262,7 +276,7 @@ class Lane:
         if fast is None or fast[0] is not p.sink:
             fast = p._step_path()
         self.fast = fast if fast[1] is not None else None
-        self.phase = 0
+        self.phase = self.rest
         self.quiet = 0
         self.on = True
 
@@ -312,11 +326,12 @@ class Lane:
         ph, self.phase = self.phase, 0
         self.streak = 0
         self.sig = None
-        if ph == 0:
+        if ph <= self.rest:
             return
         self.handed_back += 1
         sm = p.steps
-        sm.fetched(self.lid, self.t_fetch, self.dt_fetch)
+        if not self.rest:
+            sm.fetched(self.lid, self.t_fetch, self.dt_fetch)
         if ph < 2:
             return
         skey = self.skey
@@ -370,7 +385,7 @@ class Lane:
             return False
         if end is None:
             end = n0 * 1e-9
-        self.phase = 0
+        self.phase = self.rest
         idx = sm.done + 1
         fast = self.fast
         try:
