@@ -11,6 +11,7 @@ Sides: ``bare``; ``probe``; ``probe-nolane`` (DIAG_PROBE_LANE=0: every step on t
 
     .venv/bin/python bench/bench_wall.py --calls 10 --steps 4000 --rounds 4
     .venv/bin/python bench/bench_wall.py --calls 100 --steps 3000 --rounds 4 --sides bare,probe,probe-nolane
+    .venv/bin/python bench/bench_wall.py --calls 10 --data tensors --sides bare,probe,probe-nolane   # no DataLoader
 """
 from __future__ import annotations
 
@@ -52,10 +53,10 @@ def run_side(side: str, args: list, tmp: str, k: int) -> tuple:
     return float(got["mean_step_s"]), steps, got["thread_cpu_step_s"], got["process_cpu_step_s"]
 
 
-def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=print) -> dict:
+def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=print, data: str = "loader") -> dict:
     """Alternated rounds of every side; per probe side, the added time a step (median and range over the
     rounds, against the same round's bare run) and the step events each run wrote."""
-    args = ["--calls", str(calls), "--steps", str(steps), "--warm", str(warm)]
+    args = ["--calls", str(calls), "--steps", str(steps), "--warm", str(warm), "--data", data]
     got: dict = {s: [] for s in sides}
     recorded: dict = {s: [] for s in sides}
     cpu: dict = {s: [] for s in sides}
@@ -71,7 +72,7 @@ def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=pri
             log(f"round {r + 1}: " + ", ".join(f"{s} {row[s] * 1e6:.1f} us" for s in sides)
                 + "".join(f"; {s} {(row[s] - row['bare']) * 1e6:+.1f} us ({row[s] / row['bare'] - 1:+.1%})"
                           for s in sides[1:]))
-    summary: dict = {"calls": calls, "steps": steps, "rounds": rounds,
+    summary: dict = {"calls": calls, "data": data, "steps": steps, "rounds": rounds,
                      "bare_us": [round(x * 1e6, 1) for x in got["bare"]]}
     for s in sides[1:]:
         diffs = [(p - b) * 1e6 for p, b in zip(got[s], got["bare"])]
@@ -96,6 +97,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=4000, help="steps each run times, after --warm")
     ap.add_argument("--warm", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--data", choices=("loader", "tensors"), default="loader",
+                    help="the loop's batches: from a DataLoader, or sliced from tensors by the loop (no DataLoader)")
     ap.add_argument("--sides", default="bare,probe", help=f"comma-separated, of {', '.join(SIDES)}; bare first")
     a = ap.parse_args()
     sides = [s for s in a.sides.split(",") if s]
@@ -106,7 +109,7 @@ def main() -> int:
     if a.steps < 2 or a.warm < 0 or a.rounds < 1:
         print("bench_wall: --steps must be at least 2, --rounds at least 1, --warm not negative", file=sys.stderr)
         return 2
-    summary = measure(a.calls, a.steps, a.warm, a.rounds, sides, log=lambda m: print(m, flush=True))
+    summary = measure(a.calls, a.steps, a.warm, a.rounds, sides, log=lambda m: print(m, flush=True), data=a.data)
     for s in sides[1:]:
         r = summary[s]
         print(f"{s}: {r['added_us_median']:+.1f} us a step median (range {r['added_us_range'][0]:+.1f}.."

@@ -58,12 +58,15 @@ def test_steady_across_processes_reports_the_median_over_separate_processes():
 
 
 @pytest.mark.slow
-def test_wall_bench_times_the_script_bare_and_under_the_probe_which_records_every_step():
+@pytest.mark.parametrize("data", ["loader", "tensors"])
+def test_wall_bench_times_the_script_bare_and_under_the_probe_which_records_every_step(data):
     """bench/bench_wall.py: the script's own clock, separate processes, both probe sides really probed
-    (every step of the run, warm-up included, is a step event in its file)."""
+    (every step of the run, warm-up included, is a step event in its file), with a DataLoader and with
+    batches the loop slices itself."""
     logged: list = []
     r = bench_wall.measure(10, steps=30, warm=5, rounds=2, sides=["bare", "probe", "probe-nolane"],
-                           log=logged.append)
+                           log=logged.append, data=data)
+    assert r["data"] == data
     assert len(logged) == 2 and len(r["bare_us"]) == 2 and all(b > 0 for b in r["bare_us"])
     for side in ("probe", "probe-nolane"):
         s = r[side]

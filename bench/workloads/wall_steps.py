@@ -1,6 +1,8 @@
 """Workload of bench/bench_wall.py: a plain training loop, timed on its own clock, as a user's script
 would time itself. nn.Sequential of Linear(32, 32) + ReLU pairs (about CALLS module calls a forward),
-batch 16, SGD, cross-entropy, one DataLoader epoch, one intra-op thread. Prints one JSON line: the
+batch 16, SGD, cross-entropy, one DataLoader epoch (``--data tensors``: batches the loop slices from
+two tensors itself, no DataLoader, as nanoGPT's ``get_batch`` does), one intra-op thread. Prints one
+JSON line: the
 mean wall-clock step time (``time.perf_counter`` at each step's end) over the steps after WARM, and
 the CPU time a step of this thread and of the whole process (other threads included: the probe's
 event writer).
@@ -23,6 +25,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--steps", type=int, default=4000, help="steps timed, after the warm-up")
     ap.add_argument("--warm", type=int, default=300, help="steps left out at the start")
+    ap.add_argument("--data", choices=("loader", "tensors"), default="loader",
+                    help="batches from a DataLoader, or sliced from two tensors by the loop itself")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -31,7 +35,11 @@ def main() -> int:
         layers += [nn.Linear(32, 32), nn.ReLU()]
     model = nn.Sequential(*layers)
     n = (a.steps + a.warm) * 16
-    loader = DataLoader(TensorDataset(torch.randn(n, 32), torch.randint(0, 32, (n,))), batch_size=16)
+    xs, ys = torch.randn(n, 32), torch.randint(0, 32, (n,))
+    if a.data == "loader":
+        loader = DataLoader(TensorDataset(xs, ys), batch_size=16)
+    else:
+        loader = ((xs[i:i + 16], ys[i:i + 16]) for i in range(0, n, 16))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     ends, cpu = [], []
@@ -45,7 +53,7 @@ def main() -> int:
             cpu.append((time.thread_time(), time.process_time()))
     timed = ends[a.warm:]
     n = len(timed) - 1
-    print(json.dumps({"calls": a.calls, "steps": n, "mean_step_s": (timed[-1] - timed[0]) / n,
+    print(json.dumps({"calls": a.calls, "data": a.data, "steps": n, "mean_step_s": (timed[-1] - timed[0]) / n,
                       "thread_cpu_step_s": (cpu[-1][0] - cpu[0][0]) / n,
                       "process_cpu_step_s": (cpu[-1][1] - cpu[0][1]) / n}))
     return 0
