@@ -121,7 +121,7 @@ LOWER_BOUND = "a lower bound: its timed work plus an estimate of torch's dispatc
 def headline(summary: dict | None) -> str | None:
     """"diag's probe took 0.4% of the median step (12 µs of 2.9 ms; a lower bound: ...)". The figure is
     what the probe could time in its own code plus an estimate of what it cannot (docs/performance.md):
-    its real cost is higher, by up to 2-3x on short steps."""
+    its real cost is higher: 3-7x on steps of a few milliseconds (docs/performance.md, eleventh pass)."""
     if not summary:
         return None
     text = (f"diag's probe took {pct(summary['median_step_share'])} of the median step "
