@@ -185,14 +185,18 @@ def with_a_second_optimizer_alive():
     del spare
 
 
+def _built_batches(n: int):
+    """Batches the script builds itself, no DataLoader (nanoGPT's get_batch, word_language_model)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        yield torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
 def without_a_loader():
-    # batches the script builds itself (no DataLoader: nanoGPT's get_batch, word_language_model), with an
-    # evaluation forward under no_grad now and then
+    # with an evaluation forward under no_grad now and then
     model, crit = _model(), nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(0)
-    for i in range(150):
-        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+    for i, (x, y) in enumerate(_built_batches(150)):
         opt.zero_grad()
         crit(model(x), y).backward()
         opt.step()
@@ -206,16 +210,11 @@ def without_a_loader():
 def without_a_loader_then_with_one():
     model, crit = _model(), nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(80):
-        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
-        opt.zero_grad()
-        crit(model(x), y).backward()
-        opt.step()
-    for x, y in _loader(60):
-        opt.zero_grad()
-        crit(model(x), y).backward()
-        opt.step()
+    for batches in (_built_batches(80), _loader(60)):
+        for x, y in batches:
+            opt.zero_grad()
+            crit(model(x), y).backward()
+            opt.step()
 
 
 def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True):
