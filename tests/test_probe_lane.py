@@ -497,3 +497,15 @@ def test_a_slow_last_lane_step_does_not_make_every_step_sampled(monkeypatch):
     lane.cores = [20e3] * 9 + [4e6]
     lane.off(probe)
     assert lane.core_ns == 20e3
+
+
+@pytest.mark.parametrize("name,after", [("evaluation", 81), ("no_loader", 101)])
+def test_the_lane_goes_on_after_an_evaluation(name, after, monkeypatch):
+    # an evaluation pass (a DataLoader's, or forwards under no_grad on batches the script built) used
+    # to keep the lane off for the rest of the run: every step after a script's first evaluation went
+    # on the full path. The evidence is the same either way (test_lane_writes_the_same_evidence...)
+    events, probe = _run(SCRIPTS[name][0], monkeypatch, lane=True)
+    assert any(e["kind"] == "evaluation" for e in events)     # the script evaluated, and the probe saw it
+    unsampled = [e["index"] for e in events if e["kind"] == "step" and e.get("sampled") is False]
+    assert sum(1 for i in unsampled if i >= after) >= 10, unsampled[-20:]
+    assert probe._lane.steps >= len(unsampled) - 1

@@ -241,7 +241,7 @@ class Lane:
                  and not step.eval_s and not step.instrumented and step.micro_batches == 1
                  and len(step.group) == 1 and len(step.extra) == 1
                  and not sm.tail and not sm.tail_fwd and sm.es is None and sm.eval is None
-                 and not sm.eval_watched and not sm.closures
+                 and not sm.closures
                  and step.sample_site == fwd[1])
         if not plain:
             self.streak = 0
