@@ -216,11 +216,10 @@ class Budget:
         :data:`MEASURED_MIN` and it is more than three times its standard error (a step time that
         varies more than sampling costs leaves the timers' figure in charge). A sampled step without
         :data:`NEAR` pairs after it yet waits for the next review."""
-        clock = self._clock
-        todo, last = self._measured_to, clock[-1][0] if clock else 0
-        if not any(was and todo < i < last for i, _, was in clock):
+        todo, last = self._measured_to, self._clock[-1][0] if self._clock else 0
+        if not any(was and todo < i < last for i, _, was in self._clock):
             return self._measured_cost          # nothing new since the last review
-        clock = list(clock)
+        clock = list(self._clock)
         pairs = []                # (position, the two steps' wall time) of unsampled pairs, in order
         for j in range(len(clock) - 1):
             i, t, was = clock[j]
