@@ -6,6 +6,12 @@ from diag.checks.api import check, fmt_seconds, median, Severity
 from ._util import loc
 
 
+def _sentence(text: str) -> str:
+    """One line of an exception's message as the end of a sentence: one full stop, never two."""
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 @check(id="run.failed", title="The script failed", severity="error", needs=["run", "ranks.exceptions"],
        tags=["run"])
 def run_failed(ctx):
@@ -27,7 +33,7 @@ def run_failed(ctx):
         yield ctx.finding(
             severity=Severity.ERROR,
             message=f"The script raised {exc.type}{where} after {exc.step or 0} training step(s): "
-                    f"{exc.message.splitlines()[0][:300] if exc.message else exc.type}.",
+                    f"{_sentence(exc.message.splitlines()[0][:300] if exc.message.strip() else exc.type)}",
             evidence={"type": exc.type, "step": exc.step, "rank": rank, "is_oom": exc.is_oom,
                       "traceback": exc.traceback},
             why="Nothing after the failure was observed; the findings below cover what ran before it.",
@@ -54,7 +60,9 @@ def run_no_steps(ctx):
     Usually the wrong script, a script that exits early, or training code diag cannot see
     (a model that is not a torch.nn.Module). When the main process only started child processes that
     trained (Hogwild with torch.multiprocessing, fork or spawn: diag follows them), an info that says
-    so, with each child's step count, instead of an error."""
+    so, with each child's step count, instead of an error. A script that raised before its first step
+    is skipped here: run.failed (or memory.oom) reports that failure, and "is this the training
+    script?" would be the wrong advice."""
     ev = ctx.evidence
     total = sum(r.step_stats.count for r in ev.ranks)
     if total == 0 and ev.run.status == "running":
@@ -98,19 +106,19 @@ def run_no_steps(ctx):
         )
         return
     if ev.run.status in ("failed", "oom") and any(r.exceptions for r in ev.ranks):
-        sev = Severity.WARNING
-        why = "The script failed before its first training step completed."
-    else:
-        sev = Severity.ERROR
-        why = "Without steps, no performance check can judge this run."
+        # the failure is why no step was seen: run.failed (or memory.oom) says it, with the traceback;
+        # "is this the training script?" would be advice for another situation
+        yield ctx.skip("The script failed before its first training step (run.failed has the error): "
+                       "no step to judge.")
+        return
     forwards = sum(s.count for r in ev.ranks for s in r.forwards)
     yield ctx.finding(
-        severity=sev,
+        severity=Severity.ERROR,
         message=f"No training step was observed in {ev.run.wall_s or 0:.1f} s "
                 f"({forwards} model forward(s), {sum(r.backward_calls for r in ev.ranks)} backward(s), "
                 f"{sum(o.steps for r in ev.ranks for o in r.optimizers)} optimizer step(s)).",
         evidence={"forwards": forwards, "status": ev.run.status, "wall_s": ev.run.wall_s},
-        why=why,
+        why="Without steps, no performance check can judge this run.",
         fix="Check that this is the training script and that its arguments make it train "
             "(a --help or a dry-run flag exits early); diag sees torch.nn.Module forwards, "
             "backward() and torch.optim optimizer steps.",

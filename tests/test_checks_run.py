@@ -12,6 +12,18 @@ def test_run_no_steps_and_failed():
     ev.run.status = "failed"
     ev.primary.exceptions.append(ExceptionInfo(type="KeyError", message="'x'", step=0,
                                                location={"file": "t.py", "line": 1}))
-    assert run_check("run.no-steps", ev)[0].severity is Severity.WARNING
+    (skipped,) = run_check("run.no-steps", ev)           # the failure is the reason: run.failed says it
+    assert skipped.severity is Severity.SKIPPED and "run.failed" in skipped.message
     f = run_check("run.failed", ev)[0]
     assert f.severity is Severity.ERROR and "KeyError" in f.message and f.location.file == "t.py"
+    assert f.message.endswith("'x'.")
+
+
+def test_run_failed_message_ends_with_one_full_stop():
+    ev = ev_with(RankEvidence())
+    ev.run.status = "failed"
+    ev.primary.exceptions.append(ExceptionInfo(
+        type="UnpicklingError", message="Weights only load failed. This file can still be loaded. \n(1) more",
+        step=0, location={"file": "t.py", "line": 1}))
+    (f,) = run_check("run.failed", ev)
+    assert f.message.endswith("This file can still be loaded.") and ". ." not in f.message

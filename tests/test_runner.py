@@ -79,7 +79,7 @@ def test_missing_import_is_the_scripts_failure(diag_cli):
     r, rep = check_json(diag_cli, "spine_missing_import.py")
     assert r.code == 3
     assert "ModuleNotFoundError" in r.stderr and "a_module_that_does_not_exist_anywhere" in r.stderr
-    assert severities(rep, "run.no-steps") == ["warning"]   # failed before any step
+    assert severities(rep, "run.no-steps") == ["skipped"]   # failed before any step: run.failed says why
     assert findings_by_id(rep)["run.failed"][0]["evidence"]["type"] == "ModuleNotFoundError"
 
 

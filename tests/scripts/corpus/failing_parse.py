@@ -7,7 +7,7 @@ GROUND TRUTH:
   exit code        diag check exits 3 (the script failed)
   findings         run.failed (error) located at THIS file, at the `ast.parse(...)` line (the user's
                    call), not at the standard library's ast.py; no raw ANSI escape (\x1b[) anywhere in
-                   the JSON report; run.no-steps at most a warning (the script failed before its
+                   the JSON report; run.no-steps skipped, never an error (the script failed before its
                    first step)
 """
 import ast
