@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from diag import __version__
@@ -47,10 +48,36 @@ exit codes: 0 nothing at or above --fail-on · 1 findings at or above it · 2 us
 """
 
 
+_ARGV: list[str] = []      # diag's own arguments (before any --), for a hint that rewrites them
+_SCRIPT_ARGS: list[str] = []   # and the script's (after it)
+_COMMANDS_BUILT: set[str] = set()   # the commands the parser knows
+_TAKES_SCRIPT: set[str] = set()     # those of them with a --script option
+
+
+def _script_hint(message: str) -> str | None:
+    """`diag check train.py --epochs 3` (the script as `python` takes it): the same line with the
+    script after --script and what followed it after --, or None when no unrecognized argument is a
+    Python file or the command takes no --script."""
+    if not message.startswith("unrecognized arguments: ") or not _ARGV or _ARGV[0] not in _TAKES_SCRIPT:
+        return None
+    rest = _ARGV[1:]
+    unknown = message[len("unrecognized arguments: "):]
+    at = next((i for i, a in enumerate(rest) if a.endswith(".py") and not a.startswith("-") and a in unknown), None)
+    if at is None:
+        return None
+    own = [shlex.quote(a) for a in rest[:at]]
+    theirs = [shlex.quote(a) for a in rest[at + 1:] + _SCRIPT_ARGS]
+    line = " ".join(["diag", _ARGV[0], *own, "--script", shlex.quote(rest[at])] + (["--", *theirs] if theirs else []))
+    return f"the script goes after --script, and its own arguments after --: {line}"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one sentence and where to look, exit 2
         sys.stderr.write(f"diag: error: {message}\n")
-        sys.stderr.write(f"hint: '{self.prog} --help' lists the options\n")
+        hint = _script_hint(message)
+        # (argparse reports a command's unrecognized arguments from the top parser: name the command)
+        prog = f"diag {_ARGV[0]}" if self.prog == "diag" and _ARGV and _ARGV[0] in _COMMANDS_BUILT else self.prog
+        sys.stderr.write(f"hint: {hint}\n" if hint else f"hint: '{prog} --help' lists the options\n")
         sys.exit(ExitCode.USAGE)
 
 
@@ -67,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
+        _COMMANDS_BUILT.add(name)
+        if "--script" in p._option_string_actions:
+            _TAKES_SCRIPT.add(name)
     return parser
 
 
@@ -124,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _encodable_streams()
     own, script_args = split_script_args(argv)
+    _ARGV[:], _SCRIPT_ARGS[:] = own, script_args
     parser = build_parser()
     args = parser.parse_args(own)
     args.script_args = script_args

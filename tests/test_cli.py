@@ -57,6 +57,27 @@ def test_bad_inputs(bad_files, args, needle):
     assert_usage_error(r, needle)
 
 
+@pytest.mark.parametrize("argv,hint", [
+    # the script as `python` takes it: the same line rewritten, what followed the script after --
+    (["check", "train.py", "--epochs", "3"], "diag check --script train.py -- --epochs 3"),
+    (["check", "train.py", "--", "--lr", "1"], "diag check --script train.py -- --lr 1"),
+    (["tui", "--steps", "2", "my run.py"], "diag tui --steps 2 --script 'my run.py'"),
+    (["memory", "train.py"], "diag memory --script train.py"),
+    (["check", "--output", "out.py", "train.py"], "diag check --output out.py --script train.py"),
+    # no script among the unknown words, or a command without --script: where the options are
+    (["check", "--bogus"], "'diag check --help' lists the options"),
+    (["compare", "a.json", "b.json", "c.py"], "'diag compare --help' lists the options"),
+])
+def test_a_script_given_as_python_takes_it_gets_the_line_rewritten(capsys, argv, hint):
+    from diag.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.count("diag: error: unrecognized arguments:") == 1, err
+    assert err.splitlines()[-1].startswith("hint: ") and err.splitlines()[-1].endswith(hint), err
+
+
 def test_select_is_validated_before_running(bad_files):
     # the script would run for a long time: the bad --select must stop diag first
     t0 = time.monotonic()
