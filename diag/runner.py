@@ -29,8 +29,12 @@ from diag.logtext import shown_line
 from diag.redact import redact_args
 
 GRACE_S = 5.0          # between SIGTERM and SIGKILL
-SAVE_EVERY_S = 1.0     # evidence.json is rewritten at most this often while the run goes on
+SAVE_EVERY_S = 1.0     # evidence.json is rewritten at most this often while the run goes on,
+SAVE_SHARE = 0.01      # and less often as it grows: rewriting it takes at most this share of one core
+SAVE_MAX_S = 30.0      # (one rewrite of a 2,000-step evidence is ~0.1 s of CPU: every 10 s) but never
+                       # less often than this; the raw events file holds everything in between
 POLL_S = 0.05
+_cpu = time.thread_time  # the CPU one rewrite of evidence.json takes (save)
 
 
 CHUNK = 65536
@@ -214,6 +218,7 @@ class Run:
         self._signal: str | None = None   # the signal that interrupted wait(), other than SIGINT
         self._dirty = False
         self._last_save = 0.0
+        self._save_every = SAVE_EVERY_S     # grows with what one rewrite costs (save)
         self._event_offsets: dict[str, int] = {}
         self._descendants: dict[int, tuple[float, bool]] = {}  # pid -> (create_time, group leader)
         self._last_scan = 0.0
@@ -491,7 +496,7 @@ class Run:
             now = time.monotonic()
             if not exited and now - self._last_scan >= 0.5:
                 self._scan_descendants()
-            if self._dirty and now - self._last_save >= SAVE_EVERY_S:
+            if self._dirty and now - self._last_save >= self._save_every:
                 self.save()
             if not exited and now - self._last_df >= SAVE_EVERY_S:
                 self._last_df = now
@@ -748,6 +753,7 @@ class Run:
                 return
             if not raise_errors and not self.run_dir.is_dir():
                 return
+            cpu = _cpu()
             try:
                 self.evidence.save(self.evidence_path)
             except OSError as e:
@@ -756,6 +762,9 @@ class Run:
                 if disk_full(e):
                     self._disk_full(self.run_dir)
                 return
+            # the next rewrite waits until this one's CPU is SAVE_SHARE of the time between them: on a
+            # machine whose cores the training uses, diag's bookkeeping must not become the slowdown
+            self._save_every = min(SAVE_MAX_S, max(SAVE_EVERY_S, (_cpu() - cpu) / SAVE_SHARE))
             try:
                 os.chmod(self.evidence_path, 0o600)
             except OSError:
