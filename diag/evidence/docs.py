@@ -54,7 +54,8 @@ Evidence is everything diag observed about one run. Checks read nothing else. It
 (never pickle), written atomically to the run directory (default `.diag/runs/<id>/evidence.json`)
 at most once a second while the run goes on (less often as it grows: a rewrite takes at most 1% of
 one core, and comes at least every 30 s; the raw `events.rank*.jsonl` beside it holds every event)
-and once at its end, so a run that dies still leaves what was observed. `diag check --from FILE` re-runs every check on it without executing anything.
+and once at its end, so a run that dies still leaves what was observed. `diag check --from FILE`
+re-runs every check on it without executing anything.
 
 The schema lives in the package `diag/evidence/`, one module per section; this page is generated
 from it.
