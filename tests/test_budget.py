@@ -43,11 +43,23 @@ def test_from_env_reads_the_share_and_says_what_was_wrong():
     assert bad.share == B.DEFAULT_SHARE and bad.error and "DIAG_PROBE_BUDGET='lots'" in bad.error
 
 
-def test_a_long_step_samples_every_step():
-    # 100 ms step, 1 ms budget: 150 µs of core and 300 µs of extras fit
+def _check_steps(b: B.Budget, n: int) -> list[int]:
+    """The steps up to n that a check leaves unsampled while the period is 1."""
+    return [i for i in range(1, n + 1) if b.in_check(i) and (i - B.FIRST) % B.CHECK_PERIOD]
+
+
+def test_a_long_step_samples_every_step_but_a_check():
+    # 100 ms step, 1 ms budget: 150 µs of core and 300 µs of extras fit: every step is sampled but the
+    # check's (1 in 4 sampled, FIRST + 33 to FIRST + 80): the step clock shows nothing, the period stays
     b = B.Budget()
-    assert _feed(b, 300, 0.100, 150e-6, 300e-6) == list(range(1, 301))
+    sampled = _feed(b, 1300, 0.100, 150e-6, 300e-6)
+    left = _check_steps(b, 1300)
+    assert len(left) == 2 * (B.CHECK_LEN - B.CHECK_LEN // B.CHECK_PERIOD)   # two checks: steps 43-106, 1067-1130
+    assert left[0] == B.FIRST + B.CHECK_FROM + 1 and left[-1] == B.FIRST + B.CHECK_FROM + B.CHECK_EVERY + B.CHECK_LEN - 1
+    assert sampled == [i for i in range(1, 1301) if i not in set(left)]
     assert b.period == 1 and b.changes == []
+    off = B.Budget(share=0)
+    assert _feed(off, 1300, 0.100, 150e-6, 300e-6) == list(range(1, 1301))     # off: no check either
 
 
 def test_a_short_step_samples_an_evenly_spread_pattern_within_the_budget():
@@ -169,7 +181,8 @@ def test_a_one_off_cost_does_not_set_the_rate():
     b = B.Budget()
     b.after_step(0.100, 100e-6, 0.200)
     sampled = _feed(b, 300, 0.100, 100e-6, 100e-6)
-    assert b.period == 1 and len(sampled) == 300 and b.changes == []
+    assert b.period == 1 and b.changes == []
+    assert len(sampled) == 300 - len(_check_steps(b, 301))     # every step but the check's (step 1 fed apart)
 
 
 def test_a_short_run_is_sampled_throughout():
@@ -242,3 +255,63 @@ def test_a_step_time_that_varies_does_not_read_as_a_cost_of_sampling():
         b.after_step(0.002 * rnd.lognormvariate(0, 0.3), 13e-6, 90e-6 if s else 0.0)
     assert b.period == 16
     assert len(b._measured) == B.MEASURED and b._measure() is None
+
+
+def test_a_check_prices_sampling_on_the_step_clock_where_the_timers_say_everything_fits():
+    # a 24 ms step (karpathy/makemore on the CPU): 240 µs budget, the timers see 150 µs of core and 50 µs
+    # of extras (everything fits: period 1), but a sampled step costs 600 µs more than an unsampled one on
+    # the step clock (the full path against the lane, torch's dispatch of the hooks): the first check
+    # measures it and the review at its end raises the period
+    b = B.Budget()
+    check_start = B.FIRST + B.CHECK_FROM + 1
+    _feed_clock(b, check_start - 1, 0.024, 150e-6, 50e-6, 600e-6)
+    assert b.period == 1 and b.changes == [] and b.sampled_steps == b.steps   # sampled throughout so far
+    _feed_clock(b, B.CHECK_LEN, 0.024, 150e-6, 50e-6, 600e-6)
+    assert b.period == 8                                 # 600 µs / (240 - 150) µs of room -> 8
+    ch = b.changes[-1]
+    # decided at a review inside the check, once MEASURED_MIN sampled steps had their unsampled pairs
+    assert check_start < ch["step"] <= check_start + B.CHECK_LEN and (ch["step"] - 1 - B.FIRST) % B.REVIEW == 0
+    assert ch["extras_s"] == pytest.approx(600e-6, rel=0.02)
+    assert "step clock" in ch["reason"] and "timers saw 50 µs" in ch["reason"]
+    sampled = _feed_clock(b, 1000, 0.024, 150e-6, 50e-6, 600e-6)
+    assert b.period == 8 and {y - x for x, y in zip(sampled, sampled[1:])} == {8}   # no more checks: p >= 4
+    # the same run where the step clock agrees with the timers: the check changes nothing
+    c = B.Budget()
+    _feed_clock(c, 1100, 0.024, 150e-6, 50e-6, 50e-6)
+    assert c.period == 1 and c.changes == []
+
+
+def test_a_check_on_a_varying_step_time_leaves_the_timers_in_charge():
+    # 24 ms steps that vary by 5% and sampling that costs nothing on the clock: the check's figure is not
+    # clear of the noise, the period stays 1 (no false cost, no lost sampling past the checks)
+    import random
+
+    for seed in range(5):
+        rnd = random.Random(seed)
+        b = B.Budget()
+        for _ in range(1200):
+            s = b.sampled
+            b.after_step(0.024 * rnd.lognormvariate(0, 0.05), 150e-6, 50e-6 if s else 0.0)
+        assert b.period == 1 and b.changes == [], seed
+
+
+def test_quiet_until_stops_before_a_checks_sampled_step():
+    # the lane feeds the steps before the next decision together: in a check, that is the next sampled one
+    b = B.Budget()
+    _feed(b, B.FIRST + B.CHECK_FROM + 1, 0.100, 150e-6, 300e-6)     # step 43 fed: unsampled, in the check
+    nxt = b.steps + 1
+    q = b.quiet_until()
+    assert q >= b.steps and b.is_sampled(q + 2) and all(not b.is_sampled(i) for i in range(nxt, q + 2))
+
+
+def test_every_step_sampled_again_only_with_the_margin():
+    # 1% of a 30 ms step is 300 µs; core 150 µs leaves 150 µs of room; a sampled step's extras 160 µs
+    # (period 2), then 140 µs: 1 fits, but not with the 25% margin: the period stays 2 (it used to go
+    # 2, 1, 2, 1 on the 801-call CPU step, whose extras sat at the boundary)
+    b = B.Budget()
+    _feed(b, 200, 0.030, 150e-6, 160e-6)
+    assert b.period == 2
+    _feed(b, 400, 0.030, 150e-6, 140e-6)
+    assert b.period == 2 and [c["period"] for c in b.changes] == [2]
+    _feed(b, 200, 0.030, 150e-6, 100e-6)                 # 125 µs with the margin: fits, every step again
+    assert b.period == 1 and "fit in" in b.changes[-1]["reason"]

@@ -116,6 +116,16 @@ def test_step_events_carry_sampled_and_the_sampling_event_folds_into_the_probe_s
     r2 = RankEvidence()
     r2.steps = _steps(20)
     assert sampling_line(r2) is None
+    # period 1, but the budget's check left a few steps out: a share, not "1 step in 1"
+    ev3 = Evidence()
+    for i in range(1, 201):
+        data = {"kind": E.STEP, "rank": 0, "t": float(i), "index": i, "total_s": 0.01}
+        if 42 < i <= 106 and (i - 10) % 4:
+            data["sampled"] = False
+        fold(ev3, data)
+    line = sampling_line(ev3.primary)
+    assert line is not None and "1 step in" not in line and "76% of the steps (152 of 200 steps" in line
+    assert "check what sampling costs on the step clock" in line
 
 
 def _literal_tuples(path: Path) -> list[str]:

@@ -231,8 +231,17 @@ def sampling_summary(rank) -> dict | None:
     period = info.get("period") if isinstance(info.get("period"), int) else None
     if not period or period <= 1:
         period = max(1, round(n / max(sampled, 1)))
-    return {"sampled": sampled, "steps": n, "period": period, "budget": info.get("budget"),
+    # period 1 with steps left out: the budget's checks (diag.probe.budget: a few steps in every 1,024
+    # sampled 1 in 4, to price sampling on the step clock), or a run whose rate changed
+    return {"sampled": sampled, "steps": n, "period": period, "share": sampled / n, "budget": info.get("budget"),
             "first": info.get("first")}
+
+
+def sampling_rate_words(s: dict) -> str:
+    """"1 step in 8", or "95% of the steps" where the period is 1 and a few steps were left out."""
+    if s["period"] > 1:
+        return f"1 step in {s['period']}"
+    return f"{min(s['share'] * 100, 99):.0f}% of the steps"
 
 
 def sampling_line(rank) -> str | None:
@@ -245,7 +254,9 @@ def sampling_line(rank) -> str | None:
     budget = s.get("budget")
     why = f"probe budget {budget * 100:g}% of the step" if isinstance(budget, (int, float)) and budget > 0 \
         else "the probe's cost budget"
-    return (f"{EXTRAS_WORDS[0].upper()}{EXTRAS_WORDS[1:]} ran on 1 step in {s['period']} "
+    if s["period"] <= 1:
+        why += "; the rest left out to check what sampling costs on the step clock"
+    return (f"{EXTRAS_WORDS[0].upper()}{EXTRAS_WORDS[1:]} ran on {sampling_rate_words(s)} "
             f"({s['sampled']:,} of {s['steps']:,} steps; {why}); step times were measured on every step")
 
 

@@ -25,10 +25,21 @@ core and extras:
   180-290). The period
   ``p`` (1 step in ``p`` sampled) is the smallest power of two with ``x / p <= room``; with no room at
   all (the core alone is over the budget) it is the floor :data:`FLOOR` (1 in 64); the period goes
-  down again only when the smaller one fits with a 25% margin (no flapping at a boundary);
+  down again (to every step sampled too) only when the smaller one fits with a 25% margin (no
+  flapping at a boundary: the 801-call CPU step, 1% of it just above what the probe's timers see,
+  went 2, 1, 2, 1 ... every 16 to 100 steps before the margin held for the step to 1 as well);
 * the pattern is deterministic and evenly spread: after the first steps, step ``i`` is sampled when
   ``(i - FIRST) % p == 0``. Not random: two runs of the same script sample the same steps, and
-  halving or doubling ``p`` keeps the steps already in the pattern.
+  halving or doubling ``p`` keeps the steps already in the pattern;
+* **checks**: while ``p`` is under :data:`CHECK_PERIOD` (everything fits by the timers: 1 or 2), the
+  step clock has no unsampled steps to price sampling against, and the timers are a lower bound (3-7x
+  low on CPU steps of a few ms, docs/performance.md). So :data:`CHECK_LEN` steps in every
+  :data:`CHECK_EVERY` (the first check right after the first decisions: steps ``FIRST + 33`` to
+  ``FIRST + 96``) are sampled 1 in :data:`CHECK_PERIOD` whatever ``p`` is: enough sampled steps with
+  unsampled pairs around them for the step clock's figure (:data:`MEASURED_MIN`). When it shows that
+  sampling costs more than the room, the next review raises ``p``; when it fits, ``p`` stays and the
+  check costs nothing but ~5% of the steps' extras (48 of 1,024 steps unsampled). The check is part of
+  the deterministic pattern (:meth:`Budget.is_sampled`) and changes no period by itself.
 
 Each change of period is kept in :attr:`Budget.changes` (the probe emits them as ``probe_sampling``
 events, :data:`diag.evidence.events.PROBE_SAMPLING`; the reports say the rate).
@@ -55,6 +66,10 @@ DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this ma
 MEASURED = 16           # sampled steps whose cost on the step clock is kept (their median is used)
 MEASURED_MIN = 8        # ... and how many are needed before it is used
 NEAR = 4                # unsampled pairs of steps on each side of a sampled one it is measured against
+CHECK_PERIOD = 4        # a check samples 1 step in 4 (the least that leaves unsampled pairs between sampled steps)
+CHECK_FROM = 32         # the first check starts after this many steps past FIRST (the first decisions made) ...
+CHECK_LEN = 64          # ... and lasts this many steps (12 measurable sampled steps: MEASURED_MIN is 8) ...
+CHECK_EVERY = 1024      # ... and comes again every this many steps, while the period is under CHECK_PERIOD
 _OFF = ("0", "off", "none", "no", "false")
 _INF = math.inf
 
@@ -135,8 +150,21 @@ class Budget:
         return 1.0 / self.period
 
     def is_sampled(self, index: int) -> bool:
-        """Is step ``index`` (1-based) sampled under the current period?"""
-        return index <= self.first or (index - self.first) % self.period == 0
+        """Is step ``index`` (1-based) sampled under the current period (a check's steps included)?"""
+        k = index - self.first
+        if k <= 0 or self.share <= 0:
+            return True
+        p = self.period
+        if p < CHECK_PERIOD and k > CHECK_FROM and (k - CHECK_FROM - 1) % CHECK_EVERY < CHECK_LEN:
+            p = CHECK_PERIOD        # a check: unsampled steps for the step clock to price sampling against
+        return k % p == 0
+
+    def in_check(self, index: int) -> bool:
+        """Does step ``index`` fall in a check (sampled 1 in :data:`CHECK_PERIOD` although the period is
+        shorter)?"""
+        k = index - self.first
+        return (self.share > 0 and self.period < CHECK_PERIOD and k > CHECK_FROM
+                and (k - CHECK_FROM - 1) % CHECK_EVERY < CHECK_LEN)
 
     def after_step(self, total_s: float, core_s: float, extras_s: float,
                    extras_sampled: bool | None = None) -> bool:
@@ -159,8 +187,15 @@ class Budget:
                                  was if extras_sampled is None else extras_sampled))
             if i > self.first and (i - self.first) % self.review == 0:
                 self._review(i)
-            i += 1
-            self.sampled = nxt = i <= self.first or (i - self.first) % self.period == 0
+            k = i + 1 - self.first
+            if k <= 0:
+                nxt = True
+            else:
+                p = self.period
+                if p < CHECK_PERIOD and k > CHECK_FROM and (k - CHECK_FROM - 1) % CHECK_EVERY < CHECK_LEN:
+                    p = CHECK_PERIOD    # a check (is_sampled, inlined: this runs on every full-path step)
+                nxt = k % p == 0
+            self.sampled = nxt
             return nxt
         return True
 
@@ -183,18 +218,17 @@ class Budget:
         if measured is not None and measured > extras:
             extras = measured
         room = self.share * step - core
-        if extras <= 0 or room >= extras:
-            period, why = 1, (f"core {_us(core)} + extras {_us(extras)} fit in {_us(self.share * step)} "
-                              f"({self.share * 100:g}% of the {_us(step)} step)")
+        period = self._period_for(extras, room)
+        if period < self.period:
+            # more sampling only with a margin (to every step too): a step time at the boundary does not flap
+            period = min(max(period, self._period_for(extras * DOWN_MARGIN, room)), self.period)
+        if period == 1:
+            why = (f"core {_us(core)} + extras {_us(extras)} fit in {_us(self.share * step)} "
+                   f"({self.share * 100:g}% of the {_us(step)} step)")
         elif room <= 0:
-            period, why = self.floor, (f"the probe's core alone ({_us(core)}) is over {_us(self.share * step)} "
-                                       f"({self.share * 100:g}% of the {_us(step)} step): extras at the floor")
+            why = (f"the probe's core alone ({_us(core)}) is over {_us(self.share * step)} "
+                   f"({self.share * 100:g}% of the {_us(step)} step): extras at the floor")
         else:
-            period = min(self.floor, 1 << max(math.ceil(math.log2(extras / room)), 0))
-            if period < self.period:
-                # more sampling only with a margin: a step time at the boundary does not flap
-                period = min(max(period, 1 << max(math.ceil(math.log2(extras * DOWN_MARGIN / room)), 0)),
-                             self.period)
             why = (f"extras {_us(extras)} a sampled step, {_us(room)} of room after the core ({_us(core)}) "
                    f"in {self.share * 100:g}% of the {_us(step)} step")
         if measured is not None and measured > timed:
@@ -206,25 +240,41 @@ class Budget:
                                  "step_s": round(step, 9), "core_s": round(core, 9), "extras_s": round(extras, 9),
                                  "reason": why})
 
+    def _period_for(self, extras: float, room: float) -> int:
+        """The smallest power of two ``p`` with ``extras / p <= room`` (1 when everything fits; the floor
+        when there is no room)."""
+        if extras <= 0 or room >= extras:
+            return 1
+        if room <= 0:
+            return self.floor
+        return min(self.floor, 1 << max(math.ceil(math.log2(extras / room)), 0))
+
     def _measure(self) -> float | None:
         """Sampling's cost on the step clock (s per sampled step), or None where it is not clear of the
         noise. For each sampled step in the window not measured yet and followed by an unsampled one: the
-        two steps' wall time less the median wall time of two unsampled steps in a row around them (up
+        two steps' wall time less the median wall time of two unsampled steps in a row around them, the
+        first not right after a sampled step (what spills from a sampled step is in that one's time; up
         to :data:`NEAR` such pairs before, :data:`NEAR` after: pairs against pairs, so a step time that
         varies does not read as a cost, and neighbours, so a step time that changes does not either).
         The figure is the median of the last :data:`MEASURED`, used only when there are
         :data:`MEASURED_MIN` and it is more than three times its standard error (a step time that
-        varies more than sampling costs leaves the timers' figure in charge). A sampled step without
-        :data:`NEAR` pairs after it yet waits for the next review."""
+        varies more than sampling costs leaves the timers' figure in charge). A clear figure stands while
+        later medians are not clear but at least half of it: a period raised on the step clock does not
+        fall back at the next noisy review and rise again at the next check, and a fluke much higher than
+        what follows does not stand. On a noisy clock the figure is rough (a 2-core VM's 30 ms CPU step
+        varies by ±10% from step to step: 16 figures' median said 3.4 ms where the sampled and unsampled
+        steps' medians differed by ~0.9 ms); it errs towards less sampling, the budget's side. A sampled
+        step without :data:`NEAR` pairs after it yet waits for the next review."""
         todo, last = self._measured_to, self._clock[-1][0] if self._clock else 0
         if not any(was and todo < i < last for i, _, was in self._clock):
             return self._measured_cost          # nothing new since the last review
         clock = list(self._clock)
         pairs = []                # (position, the two steps' wall time) of unsampled pairs, in order
-        for j in range(len(clock) - 1):
+        for j in range(1, len(clock) - 1):
             i, t, was = clock[j]
             k, t2, was2 = clock[j + 1]
-            if not was and not was2 and k == i + 1 and t is not None and t2 is not None:
+            # (not the step right after a sampled one: what spills from the sampled step is in its time)
+            if not was and not was2 and k == i + 1 and t is not None and t2 is not None and not clock[j - 1][2]:
                 pairs.append((j, t + t2))
         for j in range(len(clock) - 1):
             i, t, was = clock[j]
@@ -248,7 +298,12 @@ class Budget:
         # the standard error of that median: 1.2533 x the figures' standard deviation / sqrt(n), the
         # deviation from their median absolute deviation (an odd step does not widen it)
         noise = 1.2533 * 1.4826 * _median([abs(c - cost) for c in costs]) / math.sqrt(n)
-        self._measured_cost = cost if cost > 3 * noise else None
+        if cost > 3 * noise:
+            self._measured_cost = cost
+        elif self._measured_cost is not None and cost >= self._measured_cost / 2:
+            pass    # not clear now, but near the last clear figure: that stands (no flapping)
+        else:
+            self._measured_cost = None
         return self._measured_cost
 
     def quiet_until(self) -> int:
@@ -259,9 +314,9 @@ class Budget:
         if self.share <= 0:
             return 0
         i = self.steps + 1
-        first, review, period = self.first, self.review, self.period
-        for _ in range(review + period + 1):
-            if (i > first and (i - first) % review == 0) or i + 1 <= first or (i + 1 - first) % period == 0:
+        first, review, sampled = self.first, self.review, self.is_sampled
+        for _ in range(review + max(self.period, CHECK_PERIOD) + 1):
+            if (i > first and (i - first) % review == 0) or sampled(i + 1):
                 return i - 1
             i += 1
         return i - 1
@@ -291,4 +346,4 @@ class Budget:
                 "floor": self.floor, "steps": self.steps, "sampled": self.sampled_steps}
 
 
-__all__ = ["Budget", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "MEASURED", "REVIEW", "WINDOW", "parse_share"]
+__all__ = ["Budget", "CHECK_EVERY", "CHECK_FROM", "CHECK_LEN", "CHECK_PERIOD", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "MEASURED", "REVIEW", "WINDOW", "parse_share"]

@@ -126,7 +126,7 @@ def header_lines(state: UIState) -> tuple[Text, Text]:
         two.append("  ")
     samp = probe_cost.sampling_summary(ev.primary) if ev.ranks else None
     if samp:        # the probe's cost budget: its per-step extras on sampled steps only
-        two.append(f"timeline & memory on 1 step in {samp['period']}", style="dim")
+        two.append(f"timeline & memory on {probe_cost.sampling_rate_words(samp)}", style="dim")
         two.append("  ")
     if state.mode == "replay":
         two.append("replay of ", style="dim")
