@@ -315,3 +315,25 @@ def test_every_step_sampled_again_only_with_the_margin():
     assert b.period == 2 and [c["period"] for c in b.changes] == [2]
     _feed(b, 200, 0.030, 150e-6, 100e-6)                 # 125 µs with the margin: fits, every step again
     assert b.period == 1 and "fit in" in b.changes[-1]["reason"]
+
+
+def test_a_figure_that_varies_from_review_to_review_does_not_flap_the_period():
+    # 1% of a 30 ms step less a 50 µs core: 250 µs of room. The timers see 300 µs a sampled step (1 in 2
+    # fits with the margin); the step clock's figure is clear at one review (900 µs: 1 in 4) and not at
+    # the next (the timers again). The period goes to 4 and stays: a shorter one must fit at two reviews
+    # in a row
+    b = B.Budget()
+    reviews = []
+
+    def measure():
+        reviews.append(len(reviews))
+        return 900e-6 if len(reviews) % 2 else None
+
+    b._measure = measure
+    _feed(b, 1200, 0.030, 50e-6, 300e-6)
+    assert len(reviews) > 50
+    assert [c["period"] for c in b.changes] == [4]
+    # the timers' figure at two reviews in a row: the period goes down
+    b._measure = lambda: None
+    _feed(b, 3 * B.REVIEW, 0.030, 50e-6, 300e-6)
+    assert b.period == 2 and [c["period"] for c in b.changes] == [4, 2]

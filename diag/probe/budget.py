@@ -14,9 +14,10 @@ core and extras:
   the first estimate has 16 steps past the start to go on), then every :data:`REVIEW` steps the
   budget looks at the last :data:`WINDOW` steps: ``room`` = the
   budget (share x median step) less the core's median; extras cost ``x`` per sampled step (the median
-  over the window's sampled steps of what each brought, with what the unsampled step after it brought:
-  extras counted a step late still count, and a one-off cost, a first record or a compilation, does
-  not set the rate), or, when it is larger, what sampling costs on the step's own clock: the median,
+  over the window's sampled steps of what each brought, with what the unsampled steps after it, up to
+  the next sampled one, brought: extras counted a step late still count, so does what an unsampled step
+  next to a sampled one costs beyond the core, and a one-off cost, a first record or a compilation,
+  does not set the rate), or, when it is larger, what sampling costs on the step's own clock: the median,
   over the last :data:`MEASURED` sampled steps, of the wall time a sampled step and the unsampled step
   after it took beyond two unsampled steps in a row next to them (the median of a few such pairs),
   when that is clear of the step time's own noise (the probe's timers see its own code only, not
@@ -25,8 +26,9 @@ core and extras:
   180-290). The period
   ``p`` (1 step in ``p`` sampled) is the smallest power of two with ``x / p <= room``; with no room at
   all (the core alone is over the budget) it is the floor :data:`FLOOR` (1 in 64); the period goes
-  down again (to every step sampled too) only when the smaller one fits with a 25% margin (no
-  flapping at a boundary: the 801-call CPU step, 1% of it just above what the probe's timers see,
+  down again (to every step sampled too) only when the smaller one fits with a 25% margin at two
+  reviews in a row (no flapping at a boundary, or on a figure that varies by a quarter from review to
+  review: the 801-call CPU step, 1% of it just above what the probe's timers see,
   went 2, 1, 2, 1 ... every 16 to 100 steps before the margin held for the step to 1 as well);
 * the pattern is deterministic and evenly spread: after the first steps, step ``i`` is sampled when
   ``(i - FIRST) % p == 0``. Not random: two runs of the same script sample the same steps, and
@@ -62,7 +64,8 @@ FIRST = 10              # steps always sampled at the start
 FLOOR = 64              # never fewer than 1 step in 64 sampled
 REVIEW = 16             # the period is reviewed every this many steps (after the first ones)
 WINDOW = 64             # over the last this many steps
-DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin
+DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin ...
+DOWN_REVIEWS = 2        # ... at this many reviews in a row
 MEASURED = 16           # sampled steps whose cost on the step clock is kept (their median is used)
 MEASURED_MIN = 8        # ... and how many are needed before it is used
 NEAR = 4                # unsampled pairs of steps on each side of a sampled one it is measured against
@@ -128,6 +131,7 @@ class Budget:
         self._measured: deque = deque(maxlen=MEASURED)  # sampling's cost on the step clock, a sampled step each
         self._measured_to = 0                           # the last sampled step measured
         self._measured_cost: float | None = None        # what _measure() said last
+        self._down = 0                                  # reviews in a row that found a shorter period fits
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> "Budget":
@@ -208,9 +212,15 @@ class Budget:
         per: list[float] = []
         for j, (x, was) in enumerate(ex):
             if was:
-                # with the step after it when that one was not sampled: extras counted a step late
-                nxt = ex[j + 1] if j + 1 < len(ex) else None
-                per.append(x + (nxt[0] if nxt is not None and not nxt[1] else 0.0))
+                # with the unsampled steps after it, up to the next sampled one: extras counted a step late,
+                # and what an unsampled step next to a sampled one costs beyond the core (the probe feeds it
+                # as extras: the sampled step's close spilled into the step after it, the extensions' step
+                # end in the one before the next)
+                k = j + 1
+                while k < len(ex) and not ex[k][1]:
+                    x += ex[k][0]
+                    k += 1
+                per.append(x)
         if not per:
             return          # no sampled step in the window: nothing new to judge the extras by
         extras = timed = _median(per)
@@ -220,8 +230,16 @@ class Budget:
         room = self.share * step - core
         period = self._period_for(extras, room)
         if period < self.period:
-            # more sampling only with a margin (to every step too): a step time at the boundary does not flap
+            # more sampling only with a margin (to every step too), and when the review before found it
+            # too: a step time at the boundary, or a figure that varies by a quarter from review to review,
+            # does not flap
             period = min(max(period, self._period_for(extras * DOWN_MARGIN, room)), self.period)
+        if period < self.period:
+            self._down += 1
+            if self._down < DOWN_REVIEWS:
+                period = self.period
+        else:
+            self._down = 0
         if period == 1:
             why = (f"core {_us(core)} + extras {_us(extras)} fit in {_us(self.share * step)} "
                    f"({self.share * 100:g}% of the {_us(step)} step)")
@@ -236,6 +254,7 @@ class Budget:
                     f"steps (the probe's timers saw {_us(timed)})")
         if period != self.period:
             self.period = period
+            self._down = 0
             self.changes.append({"step": i + 1, "period": period, "budget": self.share, "first": self.first,
                                  "step_s": round(step, 9), "core_s": round(core, 9), "extras_s": round(extras, 9),
                                  "reason": why})

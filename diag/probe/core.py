@@ -1418,10 +1418,11 @@ class Probe:
         if self._budget_checked_n != self._ext_n:
             self._budget_lookup()
         b = self._budget
+        this_sampled = self.sampled
         if b is not None:
             # this step's sampling on its event; the next step's decided before the extensions' step-end
             # work (which reads ctx.sampled as the next step's), from the last accounted step's costs
-            if not self.sampled and self._budget_exts:
+            if not this_sampled and self._budget_exts:
                 ev["sampled"] = False
             self.sampled = b.after_step(ev["total_s"], self._last_core_s, self._last_extras_s,
                                         self._last_sampled)
@@ -1460,14 +1461,16 @@ class Probe:
             d = extras - self._extras_ns
             self._extras_ns = extras
             lane = self._lane
-            if lane.allowed:
-                # the lane's steps are the budget's core; everything a step on the full path costs beyond
-                # it is extras (before the first lane step: the lane's calibrated entries, a guess)
+            if lane.allowed and (this_sampled or self._last_sampled or self.sampled):
+                # the lane's steps are the budget's core; everything a sampled step on the full path, or an
+                # unsampled one next to it, costs beyond it is extras (before the first lane step: the
+                # lane's calibrated entries, a guess); an unsampled step away from any sampled one costs
+                # what it costs whatever the sampling (the lane did not take it): no extras
                 core = lane.core_ns if lane.core_ns is not None else est + 6 * lane.entry_ns
                 d = max(d, probe_ns - core)
             self._last_extras_s = d / 1e9
             self._last_core_s = max(probe_ns - d, 0) / 1e9
-            self._last_sampled = ev.get("sampled", True)
+            self._last_sampled = this_sampled
         if in_window:
             ev["probe_window"] = True
         dirty = self._site_dirty

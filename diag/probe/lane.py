@@ -470,9 +470,21 @@ class Lane:
                     p._ext("on_step_end", ev)
                     ext_ns = _ns() - e0
                 probe_ns = self.own(p, ho, n0)
-                self.cores.append(probe_ns - ext_ns)
-                p._last_core_s = (probe_ns - ext_ns) / 1e9
-                p._last_extras_s = ext_ns / 1e9
+                core = probe_ns - ext_ns
+                q = self.core_ns
+                if (nxt or p._last_sampled) and q is not None:
+                    # next to a sampled step: what it costs beyond the lane's other steps is sampling's (the
+                    # sampled step's close spills into the step after it; the extensions' step end and a
+                    # close that decides run in the one before it): extras, priced with the sampled step
+                    # (Budget._review), and not the core (at 1 step in 2 every lane step is such a step, and
+                    # a core that rose and fell with the period made the budget go 2, 4, 2, 4 ...)
+                    extra = core - q if core > q else 0.0
+                    core -= extra
+                else:
+                    extra = 0.0
+                    self.cores.append(core)
+                p._last_core_s = core / 1e9
+                p._last_extras_s = (ext_ns + extra) / 1e9
                 p._last_sampled = False
                 ev["probe_s"] = int(probe_ns + 0.5) / 1e9
                 if ho.boundary():
