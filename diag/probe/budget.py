@@ -27,9 +27,11 @@ core and extras:
   ``p`` (1 step in ``p`` sampled) is the smallest power of two with ``x / p <= room``; with no room at
   all (the core alone is over the budget) it is the floor :data:`FLOOR` (1 in 64); the period goes
   down again (to every step sampled too) only when the smaller one fits with a 25% margin at two
-  reviews in a row (no flapping at a boundary, or on a figure that varies by a quarter from review to
-  review: the 801-call CPU step, 1% of it just above what the probe's timers see,
-  went 2, 1, 2, 1 ... every 16 to 100 steps before the margin held for the step to 1 as well);
+  reviews in a row, priced with what a sampled step cost the last time the run was at that period
+  (within :data:`SEEN_FOR` steps: sampled steps closer together cost more each). No flapping at a
+  boundary, or on a figure that varies by a quarter from review to review: the 801-call CPU step,
+  1% of it just above what the probe's timers see, went 2, 1, 2, 1 ... and then 2, 4, 2, 4 ... every
+  16 to 100 steps before these rules (docs/performance.md, twelfth pass);
 * the pattern is deterministic and evenly spread: after the first steps, step ``i`` is sampled when
   ``(i - FIRST) % p == 0``. Not random: two runs of the same script sample the same steps, and
   halving or doubling ``p`` keeps the steps already in the pattern;
@@ -65,13 +67,16 @@ FLOOR = 64              # never fewer than 1 step in 64 sampled
 REVIEW = 16             # the period is reviewed every this many steps (after the first ones)
 WINDOW = 64             # over the last this many steps
 DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin ...
-DOWN_REVIEWS = 2        # ... at this many reviews in a row
+DOWN_REVIEWS = 2        # ... at this many reviews in a row, priced with what it cost the last time the run
+SEEN_FOR = 512          # was at that period, within this many steps
 MEASURED = 16           # sampled steps whose cost on the step clock is kept (their median is used)
-MEASURED_MIN = 8        # ... and how many are needed before it is used
-NEAR = 4                # unsampled pairs of steps on each side of a sampled one it is measured against
+MEASURED_MIN = 12       # ... and how many are needed before it is used ...
+CLEAR = 4               # ... and used when its median is more than this many standard errors above zero
+NEAR = 4                # unsampled pairs of steps on each side of a sampled one it is measured against ...
+SPAN = 16               # ... within this many steps of it (NEAR after it, at least one before it)
 CHECK_PERIOD = 4        # a check samples 1 step in 4 (the least that leaves unsampled pairs between sampled steps)
 CHECK_FROM = 32         # the first check starts after this many steps past FIRST (the first decisions made) ...
-CHECK_LEN = 64          # ... and lasts this many steps (12 measurable sampled steps: MEASURED_MIN is 8) ...
+CHECK_LEN = 64          # ... and lasts this many steps (12 measurable sampled steps: MEASURED_MIN) ...
 CHECK_EVERY = 1024      # ... and comes again every this many steps, while the period is under CHECK_PERIOD
 _OFF = ("0", "off", "none", "no", "false")
 _INF = math.inf
@@ -132,6 +137,7 @@ class Budget:
         self._measured_to = 0                           # the last sampled step measured
         self._measured_cost: float | None = None        # what _measure() said last
         self._down = 0                                  # reviews in a row that found a shorter period fits
+        self._seen: dict[int, tuple[float, int]] = {}   # period -> (extras a sampled step, step) at its last review
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> "Budget":
@@ -229,11 +235,24 @@ class Budget:
             extras = measured
         room = self.share * step - core
         period = self._period_for(extras, room)
+        self._seen[self.period] = (extras, i)
         if period < self.period:
-            # more sampling only with a margin (to every step too), and when the review before found it
-            # too: a step time at the boundary, or a figure that varies by a quarter from review to review,
-            # does not flap
-            period = min(max(period, self._period_for(extras * DOWN_MARGIN, room)), self.period)
+            # more sampling only with a margin (to every step too), priced with what a sampled step cost
+            # the last time the run was at that period (a sampled step costs more when sampled steps are
+            # closer: on the 801-call CPU step ~560 µs at 1 in 2 against ~380 at 1 in 4, so 1 in 2 looked
+            # as if it fit from 1 in 4 and did not once there), and when the review before found it too: a
+            # step time at the boundary, or a figure that varies by a quarter from review to review, does
+            # not flap
+            c = self.period
+            while c > 1:
+                x = extras
+                seen = self._seen.get(c // 2)
+                if seen is not None and i - seen[1] <= SEEN_FOR and seen[0] > x:
+                    x = seen[0]
+                if x * DOWN_MARGIN > room * (c // 2):
+                    break
+                c //= 2
+            period = c
         if period < self.period:
             self._down += 1
             if self._down < DOWN_REVIEWS:
@@ -273,10 +292,11 @@ class Budget:
         noise. For each sampled step in the window not measured yet and followed by an unsampled one: the
         two steps' wall time less the median wall time of two unsampled steps in a row around them, the
         first not right after a sampled step (what spills from a sampled step is in that one's time; up
-        to :data:`NEAR` such pairs before, :data:`NEAR` after: pairs against pairs, so a step time that
-        varies does not read as a cost, and neighbours, so a step time that changes does not either).
+        to :data:`NEAR` such pairs before, :data:`NEAR` after, all within :data:`SPAN` steps, at least
+        one before: pairs against pairs, so a step time that varies does not read as a cost, and
+        neighbours on both sides, so a step time that changes does not either).
         The figure is the median of the last :data:`MEASURED`, used only when there are
-        :data:`MEASURED_MIN` and it is more than three times its standard error (a step time that
+        :data:`MEASURED_MIN` and it is more than :data:`CLEAR` (4) times its standard error (a step time that
         varies more than sampling costs leaves the timers' figure in charge). A clear figure stands while
         later medians are not clear but at least half of it: a period raised on the step clock does not
         fall back at the next noisy review and rise again at the next check, and a fluke much higher than
@@ -288,13 +308,13 @@ class Budget:
         if not any(was and todo < i < last for i, _, was in self._clock):
             return self._measured_cost          # nothing new since the last review
         clock = list(self._clock)
-        pairs = []                # (position, the two steps' wall time) of unsampled pairs, in order
+        pairs = []                # (position, first step's index, the two steps' wall time) of unsampled pairs
         for j in range(1, len(clock) - 1):
             i, t, was = clock[j]
             k, t2, was2 = clock[j + 1]
             # (not the step right after a sampled one: what spills from the sampled step is in its time)
             if not was and not was2 and k == i + 1 and t is not None and t2 is not None and not clock[j - 1][2]:
-                pairs.append((j, t + t2))
+                pairs.append((j, i, t + t2))
         for j in range(len(clock) - 1):
             i, t, was = clock[j]
             k, t2, was2 = clock[j + 1]
@@ -303,11 +323,20 @@ class Budget:
             if was2 or k != i + 1 or t is None or t2 is None:
                 self._measured_to = i           # never measurable (no unsampled step after it)
                 continue
-            after = [v for q, v in pairs if q > j + 1][:NEAR]
+            # neighbours only: pairs within SPAN steps, NEAR after it and at least one before (a sampled
+            # step of a run's slow first steps measured against pairs 30 steps later read as a 9 ms cost:
+            # karpathy/makemore, where the period was 2 before the first check)
+            after = [v for q, a, v in pairs if q > j + 1 and a <= i + SPAN][:NEAR]
             if len(after) < NEAR:
-                break
-            near = [v for q, v in pairs if q < j][-NEAR:] + after
-            self._measured.append(t + t2 - _median(near))
+                if last <= i + SPAN:
+                    break                       # its pairs may still come: the next review
+                self._measured_to = i           # never measurable
+                continue
+            before = [v for q, a, v in pairs if q < j and a >= i - SPAN][-NEAR:]
+            if not before:
+                self._measured_to = i
+                continue
+            self._measured.append(t + t2 - _median(before + after))
             self._measured_to = i
         n = len(self._measured)
         if n < MEASURED_MIN:
@@ -317,7 +346,7 @@ class Budget:
         # the standard error of that median: 1.2533 x the figures' standard deviation / sqrt(n), the
         # deviation from their median absolute deviation (an odd step does not widen it)
         noise = 1.2533 * 1.4826 * _median([abs(c - cost) for c in costs]) / math.sqrt(n)
-        if cost > 3 * noise:
+        if cost > CLEAR * noise:
             self._measured_cost = cost
         elif self._measured_cost is not None and cost >= self._measured_cost / 2:
             pass    # not clear now, but near the last clear figure: that stands (no flapping)
