@@ -352,3 +352,18 @@ def test_a_period_that_cost_more_when_the_run_was_there_is_not_taken_again_soon(
     # the first try, then one more each time the figure at 1 in 2 is older than SEEN_FOR (512) steps:
     # three in 1,500 steps (without the memory: fifteen, every 96 steps)
     assert b.period == 4 and periods.count(2) == 3, periods
+
+
+def test_quiet_until_agrees_with_the_pattern_at_every_period():
+    # the steps it hands out need no decision: none is a review, and none is followed by a sampled step
+    for period in (1, 2, 4, 16, 64):
+        b = B.Budget()
+        b.period = period
+        for steps in range(0, 1200, 7):
+            b.steps = steps
+            q = b.quiet_until()
+            for i in range(steps + 1, q + 1):
+                assert not (i > b.first and (i - b.first) % b.review == 0), (period, steps, i)
+                assert not b.is_sampled(i + 1), (period, steps, i)
+            nxt = q + 1      # the step after them decides: a review, or one followed by a sampled step
+            assert (nxt > b.first and (nxt - b.first) % b.review == 0) or b.is_sampled(nxt + 1), (period, steps)

@@ -362,9 +362,16 @@ class Budget:
         if self.share <= 0:
             return 0
         i = self.steps + 1
-        first, review, sampled = self.first, self.review, self.is_sampled
-        for _ in range(review + max(self.period, CHECK_PERIOD) + 1):
-            if (i > first and (i - first) % review == 0) or sampled(i + 1):
+        first, review, period = self.first, self.review, self.period
+        if period < CHECK_PERIOD:       # a check may fall in the steps ahead: ask is_sampled
+            sampled = self.is_sampled
+            for _ in range(review + CHECK_PERIOD + 1):
+                if (i > first and (i - first) % review == 0) or sampled(i + 1):
+                    return i - 1
+                i += 1
+            return i - 1
+        for _ in range(review + period + 1):
+            if (i > first and (i - first) % review == 0) or i + 1 <= first or (i + 1 - first) % period == 0:
                 return i - 1
             i += 1
         return i - 1
