@@ -125,7 +125,7 @@ def test_step_events_carry_sampled_and_the_sampling_event_folds_into_the_probe_s
         fold(ev3, data)
     line = sampling_line(ev3.primary)
     assert line is not None and "1 step in" not in line and "76% of the steps (152 of 200 steps" in line
-    assert "check what sampling costs on the step clock" in line
+    assert "its checks of what sampling costs on the step clock" in line
 
 
 def _literal_tuples(path: Path) -> list[str]:

@@ -255,7 +255,7 @@ def sampling_line(rank) -> str | None:
     why = f"probe budget {budget * 100:g}% of the step" if isinstance(budget, (int, float)) and budget > 0 \
         else "the probe's cost budget"
     if s["period"] <= 1:
-        why += "; the rest left out to check what sampling costs on the step clock"
+        why += "; the rest left out by its checks of what sampling costs on the step clock, or at a longer period for a while"
     return (f"{EXTRAS_WORDS[0].upper()}{EXTRAS_WORDS[1:]} ran on {sampling_rate_words(s)} "
             f"({s['sampled']:,} of {s['steps']:,} steps; {why}); step times were measured on every step")
 
