@@ -164,10 +164,7 @@ class Budget:
         k = index - self.first
         if k <= 0 or self.share <= 0:
             return True
-        p = self.period
-        if p < CHECK_PERIOD and k > CHECK_FROM and (k - CHECK_FROM - 1) % CHECK_EVERY < CHECK_LEN:
-            p = CHECK_PERIOD        # a check: unsampled steps for the step clock to price sampling against
-        return k % p == 0
+        return k % (CHECK_PERIOD if self.in_check(index) else self.period) == 0
 
     def in_check(self, index: int) -> bool:
         """Does step ``index`` fall in a check (sampled 1 in :data:`CHECK_PERIOD` although the period is
