@@ -14,6 +14,7 @@ Pure Python; no torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import io
 import math
@@ -165,7 +166,20 @@ def _plural(tp: Any) -> str:
 
 def build(tp: Any, value: Any, path: str) -> Any:
     """``value`` (parsed JSON) as type ``tp``: dataclasses and sections built, every declared field
-    type-checked. Raises :class:`SchemaError` naming the JSON path of the first mismatch."""
+    type-checked. Raises :class:`SchemaError` naming the JSON path of the first mismatch.
+
+    Runs a converter compiled once per type (:func:`_converter`: no JSON path kept, no type hint
+    looked up per value); only when it meets a mismatch is the value walked again, path by path, for
+    the error's words. ``diag check`` folds every step event through this while the job runs."""
+    try:
+        return _converter(tp)(value)
+    except _Mismatch:
+        return _build(tp, value, path)
+
+
+def _build(tp: Any, value: Any, path: str) -> Any:
+    """:func:`build`, walked with the JSON path (what an error names). The compiled converters
+    accept and return exactly what this does."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -178,7 +192,7 @@ def build(tp: Any, value: Any, path: str) -> Any:
             if a is type(None):
                 continue
             try:
-                return build(a, value, path)
+                return _build(a, value, path)
             except SchemaError as e:
                 errors.append(e)
         # the most specific error: one that went deeper than this path
@@ -202,7 +216,7 @@ def build(tp: Any, value: Any, path: str) -> Any:
         out = tp()
         for k, v in value.items():
             if k in hints:
-                out[k] = build(hints[k], v, f"{path}.{k}")
+                out[k] = _build(hints[k], v, f"{path}.{k}")
             else:
                 out[k] = v
         return out
@@ -216,7 +230,7 @@ def build(tp: Any, value: Any, path: str) -> Any:
                 v = value[f.name]
                 if v is None and _is_section(hints[f.name]):
                     continue   # a section left null: empty
-                kwargs[f.name] = build(hints[f.name], v, f"{path}.{f.name}" if path else f.name)
+                kwargs[f.name] = _build(hints[f.name], v, f"{path}.{f.name}" if path else f.name)
         # unknown keys (written by a newer minor version) are ignored on purpose
         return tp(**kwargs)
     if origin is list or tp is list:
@@ -225,14 +239,14 @@ def build(tp: Any, value: Any, path: str) -> Any:
         args = typing.get_args(tp)
         if not args or args[0] is Any:
             return list(value)
-        return [build(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_build(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise SchemaError(path, type_name(tp), value)
         args = typing.get_args(tp)
         if not args or args[1] is Any:
             return dict(value)
-        return {k: build(args[1], v, f"{path}.{k}") for k, v in value.items()}
+        return {k: _build(args[1], v, f"{path}.{k}") for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
             raise SchemaError(path, type_name(tp), value)
@@ -261,6 +275,148 @@ def build(tp: Any, value: Any, path: str) -> Any:
             raise SchemaError(path, type_name(tp), value)
         return value
     return value
+
+
+# ---- compiled converters ---------------------------------------------------------------------------
+
+class _Mismatch(Exception):
+    """A compiled converter met a value of the wrong type (:func:`build` then walks it for the words)."""
+
+
+_CONVERTERS: dict[Any, Any] = {}
+
+
+def _converter(tp: Any):
+    """A function turning parsed JSON into ``tp`` exactly as :func:`_build` does, raising
+    :class:`_Mismatch` where that raises :class:`SchemaError`. Built once per type; the fields of a
+    dataclass or section are compiled at its first use (a type may name itself)."""
+    try:
+        return _CONVERTERS[tp]
+    except KeyError:
+        pass
+    except TypeError:       # an unhashable annotation: the slow walk, every time
+        return functools.partial(_slow, tp)
+    conv = _compile(tp)
+    _CONVERTERS[tp] = conv
+    return conv
+
+
+def _slow(tp: Any, v: Any) -> Any:
+    try:
+        return _build(tp, v, "")
+    except SchemaError:
+        raise _Mismatch from None
+
+
+def _compile(tp: Any):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        nullable = type(None) in args
+        members = [a for a in args if a is not type(None)]
+
+        def union(v: Any) -> Any:
+            if v is None:
+                if nullable:
+                    return None
+                raise _Mismatch
+            for a in members:
+                try:
+                    return _converter(a)(v)
+                except _Mismatch:
+                    pass
+            raise _Mismatch
+        return union
+    if tp is Any or tp is object:
+        return lambda v: v
+    if isinstance(tp, type) and issubclass(tp, Section):
+        hints: dict[str, Any] | None = None
+
+        def section(v: Any) -> Any:
+            nonlocal hints
+            if not isinstance(v, dict):
+                raise _Mismatch
+            if hints is None:
+                hints = {k: _converter(h) for k, h in resolve_hints(tp).items()}
+            out = tp()
+            for k, x in v.items():
+                c = hints.get(k)
+                out[k] = c(x) if c is not None else x
+            return out
+        return section
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        fields: list | None = None
+
+        def dataclass(v: Any) -> Any:
+            nonlocal fields
+            if not isinstance(v, dict):
+                raise _Mismatch
+            if fields is None:
+                h = resolve_hints(tp)
+                fields = [(f.name, _converter(h[f.name]), _is_section(h[f.name])) for f in dataclasses.fields(tp)]
+            kwargs = {}
+            for name, c, sec in fields:
+                if name in v:
+                    x = v[name]
+                    if x is None and sec:
+                        continue
+                    kwargs[name] = c(x)
+            return tp(**kwargs)
+        return dataclass
+    if origin is list or tp is list:
+        args = typing.get_args(tp)
+        item = args[0] if args and args[0] is not Any else None
+
+        def a_list(v: Any) -> Any:
+            if not isinstance(v, list):
+                raise _Mismatch
+            if item is None:
+                return list(v)
+            c = _converter(item)
+            return [c(x) for x in v]
+        return a_list
+    if origin is dict or tp is dict:
+        args = typing.get_args(tp)
+        value_tp = args[1] if args and args[1] is not Any else None
+
+        def a_dict(v: Any) -> Any:
+            if not isinstance(v, dict):
+                raise _Mismatch
+            if value_tp is None:
+                return dict(v)
+            c = _converter(value_tp)
+            return {k: c(x) for k, x in v.items()}
+        return a_dict
+    if tp is bool:
+        def boolean(v: Any) -> Any:
+            if v is None or type(v) is bool:
+                return v
+            raise _Mismatch
+        return boolean
+    if tp is int:
+        def integer(v: Any) -> Any:
+            if type(v) is int and -MAX_INT < v < MAX_INT:
+                return v
+            return _slow(int, v)    # null, a whole float, an int subclass, a mismatch
+        return integer
+    if tp is float:
+        def number(v: Any) -> Any:
+            if type(v) is float and math.isfinite(v):
+                return v
+            return _slow(float, v)  # null, an integer, a mismatch
+        return number
+    if tp is str:
+        def string(v: Any) -> Any:
+            if v is None or isinstance(v, str):
+                return v
+            raise _Mismatch
+        return string
+
+    def other(v: Any) -> Any:     # a type _build passes through (it still refuses null)
+        if v is None:
+            raise _Mismatch
+        return v
+    return other
 
 
 def _is_section(tp: Any) -> bool:

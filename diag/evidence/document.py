@@ -1,6 +1,7 @@
 """``Evidence``: the whole document, its JSON form and the one validating loader every command uses."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -82,10 +83,14 @@ class Evidence:
         return len(self.ranks) > 1
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """A deep copy as plain dicts and lists (what ``dataclasses.asdict`` gives, in half the time)."""
+        return _plain(self)
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=_json_default, allow_nan=False)
+        """The evidence as JSON text. The encoder walks the objects themselves (no copy first);
+        ``indent=None`` (compact) uses the C encoder: a 2,000-step evidence in tens of milliseconds
+        where ``indent=1`` takes several times that."""
+        return json.dumps(self, indent=indent, default=_json_fields, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: Any, source: str | None = None) -> "Evidence":
@@ -118,11 +123,12 @@ class Evidence:
         ev.schema_version = SCHEMA_VERSION
         return ev
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (a reader never sees half a file)."""
+    def save(self, path: str | os.PathLike, compact: bool = False) -> None:
+        """Write atomically (a reader never sees half a file); ``compact``: no indentation (what a
+        running job's evidence is rewritten with: cheaper; the final file is indented)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = self.to_json()
+        text = self.to_json(indent=None if compact else 1)
         fd, tmp = tempfile.mkstemp(prefix=".evidence-", suffix=".json", dir=str(path.parent))
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -268,6 +274,46 @@ def _check_shape(data: Any, name: str) -> None:
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list):
             stack.extend((v, depth + 1) for v in value)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(t: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(t)
+    if names is None:
+        names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(t))
+    return names
+
+
+def _json_fields(o: Any) -> Any:
+    """The JSON encoder's ``default``: a dataclass as its fields (not copied: the encoder walks them),
+    anything else as :func:`_json_default` has it."""
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return {n: getattr(o, n) for n in _field_names(type(o))}
+    return _json_default(o)
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _plain(o: Any) -> Any:
+    """``dataclasses.asdict`` for the evidence's objects: dataclasses as dicts, lists, tuples and
+    dicts (sections keep their class) rebuilt, anything else deep-copied."""
+    t = type(o)
+    if t in _ATOMS:
+        return o
+    if t is list:
+        return [_plain(x) for x in o]
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return {n: _plain(getattr(o, n)) for n in _field_names(t)}
+    if isinstance(o, dict):
+        return t((_plain(k), _plain(v)) for k, v in o.items())
+    if isinstance(o, tuple) and hasattr(o, "_fields"):      # a named tuple
+        return t(*[_plain(x) for x in o])
+    if isinstance(o, (list, tuple)):
+        return t(_plain(x) for x in o)
+    return copy.deepcopy(o)
 
 
 def _json_default(o: Any) -> Any:
