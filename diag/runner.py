@@ -34,6 +34,7 @@ SAVE_SHARE = 0.01      # and less often as it grows: rewriting it takes at most 
 SAVE_MAX_S = 30.0      # (one rewrite of a 2,000-step evidence is ~0.1 s of CPU: every 10 s) but never
                        # less often than this; the raw events file holds everything in between
 POLL_S = 0.05
+EVENT_FILES_EVERY_S = 1.0   # the run directory is listed again for new ranks' event files
 _cpu = time.thread_time  # the CPU one rewrite of evidence.json takes (save)
 
 
@@ -220,6 +221,8 @@ class Run:
         self._last_save = 0.0
         self._save_every = SAVE_EVERY_S     # grows with what one rewrite costs (save)
         self._event_offsets: dict[str, int] = {}
+        self._event_files_at = 0.0                    # when the run directory was last listed
+        self._event_paths: list[Path] = []
         self._descendants: dict[int, tuple[float, bool]] = {}  # pid -> (create_time, group leader)
         self._last_scan = 0.0
         self._steps_reached_at: float | None = None
@@ -491,7 +494,7 @@ class Run:
     def _follow_loop(self, p) -> None:
         while True:
             exited = p.poll() is not None
-            self._read_events()
+            self._read_events(fresh=exited)
             self._check_limits()
             now = time.monotonic()
             if not exited and now - self._last_scan >= 0.5:
@@ -523,7 +526,7 @@ class Run:
         if self.guard is not None:
             self.guard.stop()
         try:
-            self._read_events()
+            self._read_events(fresh=True)
         except Exception:
             pass
         self.returncode = p.returncode
@@ -575,9 +578,13 @@ class Run:
         try:
             import psutil
 
-            for c in psutil.Process(p.pid).children(recursive=True):
+            # the /proc children lists (microseconds; psutil's tree walk reads every process on
+            # the machine), every half second while the job runs; a pid is looked up once
+            for pid in supervise.live_tree_pids(p.pid):
+                if pid in self._descendants:
+                    continue
                 try:
-                    self._descendants.setdefault(c.pid, (c.create_time(), os.getpgid(c.pid) == c.pid))
+                    self._descendants[pid] = (psutil.Process(pid).create_time(), os.getpgid(pid) == pid)
                 except (psutil.Error, OSError):
                     pass
         except Exception:
@@ -601,8 +608,23 @@ class Run:
                 self.stop(f"--steps {n} reached; the script caught the stop and went on, so diag ended it",
                           "stopped")
 
-    def _read_events(self) -> None:
-        for path in sorted(self.run_dir.glob("events.rank*.jsonl")):
+    def _event_files(self, fresh: bool) -> list[Path]:
+        """The run's event files (one per rank), listed again every EVENT_FILES_EVERY_S (a rank's file
+        appears once; the list is read 20 times a second), on every read until the first appears
+        (the first finding waits for it) and when ``fresh`` (the last reads)."""
+        now = time.monotonic()
+        if fresh or not self._event_paths or now - self._event_files_at >= EVENT_FILES_EVERY_S:
+            self._event_files_at = now
+            try:
+                names = os.listdir(self.run_dir)
+            except OSError:
+                names = []
+            self._event_paths = [self.run_dir / n for n in sorted(names)
+                                 if n.startswith("events.rank") and n.endswith(".jsonl")]
+        return self._event_paths
+
+    def _read_events(self, fresh: bool = False) -> None:
+        for path in self._event_files(fresh):
             key = str(path)
             off = self._event_offsets.get(key, 0)
             try:
@@ -617,16 +639,7 @@ class Run:
             if end < 0:
                 continue
             self._event_offsets[key] = off + end + 1
-            events = []
-            import json
-
-            for line in chunk[: end + 1].splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    events.append(json.loads(line))
-                except (ValueError, RecursionError):
-                    continue
+            events = _decode_lines(chunk[: end + 1])
             if not events:
                 continue
             mine = []
@@ -775,6 +788,30 @@ class Run:
         """A consistent copy of the evidence so far (for live re-evaluation)."""
         with self.lock:
             return Evidence.from_dict(self.evidence.to_dict())
+
+
+def _decode_lines(chunk: bytes) -> list:
+    """The JSON values of an events chunk's lines, decoded in one call (a line that does not parse,
+    half-written or foreign, sends the chunk through a line at a time, skipping that line)."""
+    import json
+
+    text = chunk.decode("utf-8", errors="replace")
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    if not lines:
+        return []
+    try:
+        values = json.loads("[" + ",".join(lines) + "]")
+        if len(values) == len(lines):        # (a line "1, 2" parses here but not alone)
+            return values
+    except (ValueError, RecursionError):
+        pass
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except (ValueError, RecursionError):
+            continue
+    return out
 
 
 def _no_space_left(path: Path) -> bool:

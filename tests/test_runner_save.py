@@ -50,3 +50,18 @@ def test_a_real_rewrite_sets_an_interval_within_its_bounds(run):
     run.save()
     assert runner.SAVE_EVERY_S <= run._save_every <= runner.SAVE_MAX_S
     assert run.evidence_path.is_file()
+
+
+def test_an_events_chunk_is_decoded_in_one_call_and_a_bad_line_costs_only_itself():
+    from diag.runner import _decode_lines
+
+    good = [{"kind": "step", "index": i, "total_s": 0.01} for i in range(3)]
+    chunk = "".join(json.dumps(e) + "\n" for e in good).encode()
+    assert _decode_lines(chunk) == good
+    assert _decode_lines(b"\n\n") == []
+    # half a line from a crashed writer, a line holding two values, text that is not JSON: each is
+    # skipped alone, the good lines around them are kept
+    bad = (json.dumps(good[0]) + "\n" + '{"kind": "st\n' + json.dumps(good[1]) + "\n" + "1, 2\n"
+           + "not json\n" + json.dumps(good[2]) + "\n").encode()
+    assert _decode_lines(bad) == good
+    assert _decode_lines('{"text": "caf\u00e9 \u2028 x"}\n'.encode()) == [{"text": "caf\u00e9 \u2028 x"}]

@@ -257,20 +257,22 @@ class _TreeMonitor:
     def measure(self) -> RunUsage:
         import psutil
 
+        from diag.supervise import live_tree_pids
+
         t = time.time()
-        try:
-            root = psutil.Process(self.root_pid)
-            procs = [root] + root.children(recursive=True)
-        except psutil.Error:
+        if not os.path.exists(f"/proc/{self.root_pid}") and not psutil.pid_exists(self.root_pid):
             return RunUsage(t=t)
         cpu_total = 0.0
         cpu_known = False
         rss_total = 0
         pids = []
         current: dict[int, Any] = {}
-        for p in procs:
-            cached = self._procs.get(p.pid)
-            proc = cached if cached is not None else p
+        for pid in [self.root_pid] + live_tree_pids(self.root_pid):
+            cached = self._procs.get(pid)
+            try:
+                proc = cached if cached is not None else psutil.Process(pid)
+            except psutil.Error:
+                continue
             try:
                 with proc.oneshot():
                     rss_total += proc.memory_info().rss
@@ -280,8 +282,8 @@ class _TreeMonitor:
                     cpu_known = True
             except psutil.Error:
                 continue
-            current[p.pid] = proc
-            pids.append(p.pid)
+            current[pid] = proc
+            pids.append(pid)
         self._procs = current
         self.seen_pids.update(pids)
         cpu = round(cpu_total, 1) if cpu_known else NA
