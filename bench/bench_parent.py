@@ -1,0 +1,159 @@
+"""diag's own process while a script runs (issue 28, thirteenth pass in docs/performance.md).
+
+On a machine whose cores the training job fills, what diag's parent process spends (the events thread
+reading and folding the probe's events, the evidence rewrites, the GPU/host sampler, the process-tree
+scans) is taken from the job: on karpathy/minGPT's adder it was most of what the job lost under
+``diag check``. Two parts:
+
+- **live**: ``diag check`` runs ``bench/workloads/wall_steps.py`` (a short CPU step: hundreds of step
+  events a second, the follower's worst case) and its CPU is read from ``/proc/<pid>/stat`` (utime +
+  stime, every thread of diag's process, none of the script's) once a second: the whole run, the
+  steady state (per-second deltas after the first seconds: their median and mean, the mean including
+  the evidence rewrites) and per step event;
+- **offline**: that run's events file replayed the way the events thread reads it (chunks of the
+  lines one poll sees, decoded and folded into a fresh Evidence), and the finished evidence written
+  indented and compact, copied and rebuilt.
+
+    .venv/bin/python bench/bench_parent.py [--steps 6000] [--calls 100]
+    .venv/bin/python bench/run.py parent
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK      # utime, stime (fields 14, 15)
+
+
+def live(steps: int, calls: int, settle_s: float = 5.0) -> tuple[dict, Path, Path]:
+    work = Path(tempfile.mkdtemp(prefix="diag-bench-parent-"))
+    shutil.copy(HERE / "workloads" / "wall_steps.py", work / "wall_steps.py")
+    cmd = [sys.executable, "-m", "diag", "check", "--script", "wall_steps.py", "--",
+           "--calls", str(calls), "--steps", str(steps), "--warm", "300"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    series: list[tuple[float, float]] = []
+    while p.poll() is None:
+        c = _cpu_s(p.pid)
+        if c is not None:
+            series.append((time.monotonic() - t0, c))
+        time.sleep(1.0)
+    out = p.stdout.read().decode(errors="replace") if p.stdout else ""
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"bench_parent: diag check exited {p.returncode}:\n{out[-2000:]}")
+    runs = sorted((work / ".diag" / "runs").iterdir())
+    run_dir = runs[-1]
+    n_steps = 0
+    for path in run_dir.glob("events.rank*.jsonl"):
+        with open(path, "rb") as f:
+            n_steps += sum(1 for line in f if b'"kind": "step"' in line or b'"kind":"step"' in line)
+    wall = time.monotonic() - t0
+    total = series[-1][1] if series else 0.0
+    deltas = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(series, series[1:]) if a[0] >= settle_s]
+    res = {
+        "run_s": round(wall, 1),
+        "parent_cpu_s": round(total, 2),
+        "parent_cpu_share_pct": round(100 * total / wall, 2) if wall else None,
+        "first_seconds_cpu_s": round(next((c for t, c in series if t >= settle_s), total), 2),
+        "steady_median_pct": round(100 * statistics.median(deltas), 2) if deltas else None,
+        "steady_mean_pct": round(100 * statistics.fmean(deltas), 2) if deltas else None,
+        "step_events": n_steps,
+        "parent_cpu_per_step_event_us": round(1e6 * total / n_steps, 1) if n_steps else None,
+    }
+    return res, run_dir, work
+
+
+def offline(run_dir: Path, lines_per_poll: int = 10) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from diag import __version__
+    from diag.evidence import Evidence
+    from diag.fold import fold
+    try:
+        from diag.runner import _decode_lines
+    except ImportError:                  # a tree from before the thirteenth pass: a line at a time
+        def _decode_lines(chunk: bytes) -> list:
+            return [json.loads(ln) for ln in chunk.decode().splitlines() if ln.strip()]
+
+    raw = b"".join(p.read_bytes() for p in sorted(run_dir.glob("events.rank*.jsonl")))
+    lines = raw.splitlines(keepends=True)
+    chunks = [b"".join(lines[i:i + lines_per_poll]) for i in range(0, len(lines), lines_per_poll)]
+    evd = Evidence(diag_version=__version__)
+    t = time.perf_counter()
+    n = 0
+    for chunk in chunks:
+        for e in _decode_lines(chunk):
+            if isinstance(e, dict):
+                e.pop("run", None)
+                fold(evd, e)
+                n += 1
+    read_s = time.perf_counter() - t
+    final = Evidence.from_dict(json.loads((run_dir / "evidence.json").read_text()))
+
+    def best(fn, k=5):
+        out = []
+        for _ in range(k):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+        return min(out)
+
+    d = final.to_dict()
+    return {
+        "events": n,
+        "read_decode_fold_us_per_event": round(1e6 * read_s / max(1, n), 1),
+        "evidence_json_bytes": len(final.to_json()),
+        "to_json_indented_ms": round(1e3 * best(final.to_json), 1),
+        "to_json_compact_ms": (round(1e3 * best(lambda: final.to_json(indent=None)), 1)
+                               if "indent" in inspect.signature(final.to_json).parameters else None),
+        "to_dict_ms": round(1e3 * best(final.to_dict), 1),
+        "from_dict_ms": round(1e3 * best(lambda: Evidence.from_dict(d)), 1),
+    }
+
+
+def run(results: dict, steps: int = 6000, calls: int = 100) -> None:
+    res, run_dir, work = live(steps, calls)
+    try:
+        results["live"] = res
+        print(f"   diag check, {res['step_events']} step events in {res['run_s']} s: parent CPU "
+              f"{res['parent_cpu_s']} s ({res['parent_cpu_share_pct']}% of a core; steady median "
+              f"{res['steady_median_pct']}%, mean {res['steady_mean_pct']}% with the rewrites; first "
+              f"seconds {res['first_seconds_cpu_s']} s), {res['parent_cpu_per_step_event_us']} us a step event")
+        off = offline(run_dir)
+        results["offline"] = off
+        print(f"   replay: {off['events']} events, {off['read_decode_fold_us_per_event']} us an event read, "
+              f"decoded and folded; evidence {off['evidence_json_bytes']} bytes: indented "
+              f"{off['to_json_indented_ms']} ms, compact {off['to_json_compact_ms']} ms, to_dict "
+              f"{off['to_dict_ms']} ms, from_dict {off['from_dict_ms']} ms")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--calls", type=int, default=100)
+    a = ap.parse_args()
+    out: dict = {}
+    run(out, a.steps, a.calls)
+    print(json.dumps(out, indent=2))
