@@ -7,9 +7,10 @@ scans) is taken from the job: on karpathy/minGPT's adder it was most of what the
 
 - **live**: ``diag check`` runs ``bench/workloads/wall_steps.py`` (a short CPU step: hundreds of step
   events a second, the follower's worst case) and its CPU is read from ``/proc/<pid>/stat`` (utime +
-  stime, every thread of diag's process, none of the script's) once a second: the whole run, the
-  steady state (per-second deltas after the first seconds: their median and mean, the mean including
-  the evidence rewrites) and per step event;
+  stime, every thread of diag's process, none of the script's) 20 times a second: the whole run, the
+  first seconds, what follows the script's end (the checks, the report), and, while the script runs
+  after its first seconds, the per-second deltas (median and mean, the mean including the evidence
+  rewrites) and the CPU per step event (step events counted from the events file as they are written);
 - **offline**: that run's events file replayed the way the events thread reads it (chunks of the
   lines one poll sees, decoded and folded into a fresh Evidence), and the finished evidence written
   indented and compact, copied and rebuilt.
@@ -45,6 +46,40 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK      # utime, stime (fields 14, 15)
 
 
+def _has_child(pid: int) -> bool:
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                if f.read().strip():
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+class _StepCounter:
+    """Step events written so far (the run's events files, read on from where the last count ended)."""
+
+    def __init__(self, runs: Path):
+        self.runs = runs
+        self.offsets: dict[Path, int] = {}
+        self.n = 0
+
+    def count(self) -> int:
+        for path in self.runs.glob("*/events.rank*.jsonl"):
+            off = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1
+            self.offsets[path] = off + end
+            self.n += chunk.count(b'"kind": "step"', 0, end)
+        return self.n
+
+
 def live(steps: int, calls: int, settle_s: float = 5.0) -> tuple[dict, Path, Path]:
     work = Path(tempfile.mkdtemp(prefix="diag-bench-parent-"))
     shutil.copy(HERE / "workloads" / "wall_steps.py", work / "wall_steps.py")
@@ -52,34 +87,47 @@ def live(steps: int, calls: int, settle_s: float = 5.0) -> tuple[dict, Path, Pat
            "--calls", str(calls), "--steps", str(steps), "--warm", "300"]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    series: list[tuple[float, float]] = []
-    while p.poll() is None:
-        c = _cpu_s(p.pid)
-        if c is not None:
-            series.append((time.monotonic() - t0, c))
-        time.sleep(1.0)
-    out = p.stdout.read().decode(errors="replace") if p.stdout else ""
+    steps = _StepCounter(work / ".diag" / "runs")
+    with open(work / "output.txt", "wb") as log:     # (a file: a pipe nobody reads could fill and stall diag)
+        p = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+        series: list[tuple[float, float, int]] = []   # (seconds, diag's CPU, step events) every second
+        last = during = 0.0          # diag's CPU at the last read, and at the last read the script ran
+        next_at = 0.0
+        while p.poll() is None:      # read 20 times a second: little of diag's report falls after the last
+            c = _cpu_s(p.pid)
+            if c is not None:
+                last = c
+                if _has_child(p.pid):
+                    during = c
+                    now = time.monotonic() - t0
+                    if now >= next_at:
+                        series.append((now, c, steps.count()))
+                        next_at = now + 1.0
+            time.sleep(0.05)
+        p.wait()
+    out = (work / "output.txt").read_text(errors="replace")
     if p.returncode not in (0, 1):
         raise SystemExit(f"bench_parent: diag check exited {p.returncode}:\n{out[-2000:]}")
-    runs = sorted((work / ".diag" / "runs").iterdir())
-    run_dir = runs[-1]
-    n_steps = 0
-    for path in run_dir.glob("events.rank*.jsonl"):
-        with open(path, "rb") as f:
-            n_steps += sum(1 for line in f if b'"kind": "step"' in line or b'"kind":"step"' in line)
+    run_dir = sorted((work / ".diag" / "runs").iterdir())[-1]
+    n_steps = steps.count()
     wall = time.monotonic() - t0
-    total = series[-1][1] if series else 0.0
-    deltas = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(series, series[1:]) if a[0] >= settle_s]
+    total = last            # (read before the process was reaped: at most its last 50 ms are missed)
+    steady = [x for x in series if x[0] >= settle_s]
+    deltas = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(steady, steady[1:])]
+    per_event = (1e6 * (steady[-1][1] - steady[0][1]) / (steady[-1][2] - steady[0][2])
+                 if len(steady) > 1 and steady[-1][2] > steady[0][2] else None)
     res = {
         "run_s": round(wall, 1),
         "parent_cpu_s": round(total, 2),
         "parent_cpu_share_pct": round(100 * total / wall, 2) if wall else None,
-        "first_seconds_cpu_s": round(next((c for t, c in series if t >= settle_s), total), 2),
+        "first_seconds_cpu_s": round(steady[0][1] if steady else during, 2),
+        "after_the_script_cpu_s": round(total - during, 2),
         "steady_median_pct": round(100 * statistics.median(deltas), 2) if deltas else None,
         "steady_mean_pct": round(100 * statistics.fmean(deltas), 2) if deltas else None,
         "step_events": n_steps,
-        "parent_cpu_per_step_event_us": round(1e6 * total / n_steps, 1) if n_steps else None,
+        "steady_step_events_per_s": (round((steady[-1][2] - steady[0][2]) / (steady[-1][0] - steady[0][0]))
+                                     if len(steady) > 1 else None),
+        "steady_cpu_per_step_event_us": round(per_event, 1) if per_event is not None else None,
     }
     return res, run_dir, work
 
@@ -138,7 +186,8 @@ def run(results: dict, steps: int = 6000, calls: int = 100) -> None:
         print(f"   diag check, {res['step_events']} step events in {res['run_s']} s: parent CPU "
               f"{res['parent_cpu_s']} s ({res['parent_cpu_share_pct']}% of a core; steady median "
               f"{res['steady_median_pct']}%, mean {res['steady_mean_pct']}% with the rewrites; first "
-              f"seconds {res['first_seconds_cpu_s']} s), {res['parent_cpu_per_step_event_us']} us a step event")
+              f"seconds {res['first_seconds_cpu_s']} s, after the script {res['after_the_script_cpu_s']} s); steady: "
+              f"{res['steady_cpu_per_step_event_us']} us a step event at {res['steady_step_events_per_s']} a second")
         off = offline(run_dir)
         results["offline"] = off
         print(f"   replay: {off['events']} events, {off['read_decode_fold_us_per_event']} us an event read, "
