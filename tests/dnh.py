@@ -70,6 +70,7 @@ CASES = [
     Case("spine_accumulate.py"),
     Case("spine_accumulate.py", ("--gan",)),
     Case("spine_crash.py"),
+    Case("spine_crash_in_loader.py"),   # a chained error through the probe's DataLoader wrapper
     Case("spine_eval_cases.py"),
     Case("spine_eval_cases.py", ("--bad",)),
     Case("spine_loss_modules.py"),

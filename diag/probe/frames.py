@@ -119,17 +119,49 @@ def is_oom(exc: BaseException) -> bool:
         or ("defaultcpuallocator" in msg and "memory" in msg))
 
 
-def exception_info(exc: BaseException, step: int | None, script: str | None) -> dict:
-    tb = exc.__traceback__
-    frames = traceback.extract_tb(tb)
-    # drop diag's own frames (runpy, the probe) from the top of the traceback
+def _is_diag_file(fn: str) -> bool:
+    return fn.startswith(_DIAG_DIR + os.sep) and not fn.startswith(_DEMO_DIR)
+
+
+def _users_frames(frames: list, script: str | None) -> list:
+    """The frames of a traceback as a bare run shows them: diag's own frames (runpy, the probe's
+    launcher) dropped from the top, and the probe's wrappers a call passed through (its DataLoader
+    iterator, ``backward``, ``zero_grad``, optimizer wrappers) dropped from the middle. Where the
+    exception was raised in diag itself, diag's frames after the last frame of other code stay."""
     keep_from = 0
     for i, fr in enumerate(frames):
         if not is_library_file(fr.filename) or (script and fr.filename == script):
             keep_from = i
             break
-    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames[keep_from:])) + \
-        "".join(traceback.format_exception_only(type(exc), exc))
+    frames = frames[keep_from:]
+    last_other = max((i for i, fr in enumerate(frames) if not _is_diag_file(fr.filename)), default=-1)
+    return [fr for i, fr in enumerate(frames) if i > last_other or not _is_diag_file(fr.filename)]
+
+
+def user_traceback(exc: BaseException, script: str | None) -> str:
+    """``exc``'s traceback as Python prints it in a bare run: its chained exceptions (``raise ... from``,
+    an exception raised while handling another, exception groups) included, diag's frames left out
+    (:func:`_users_frames`)."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    todo, seen = [te], set()
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        t.stack = traceback.StackSummary.from_list(_users_frames(list(t.stack), script))
+        todo.extend(x for x in (t.__cause__, t.__context__) if x is not None)
+        todo.extend(getattr(t, "exceptions", None) or ())
+    return "".join(te.format())
+
+
+def exception_info(exc: BaseException, step: int | None, script: str | None) -> dict:
+    frames = traceback.extract_tb(exc.__traceback__)
+    try:
+        text = user_traceback(exc, script)
+    except Exception:      # (never lose the user's error to a failure of the formatting)
+        text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + \
+            "".join(traceback.format_exception_only(type(exc), exc))
     loc = None
     for fr in reversed(frames):
         if not is_library_file(fr.filename) or (script and fr.filename == script):
