@@ -33,6 +33,23 @@ def test_crash_exit_3_traceback_shown_and_findings_kept(diag_cli):
     assert "planted failure" in Path(rep["run"]["log"]).read_text()
 
 
+def test_the_scripts_own_keyboard_interrupt_shows_its_traceback_as_bare(diag_cli, write_script):
+    """A KeyboardInterrupt the script raises (or a SIGINT sent to it, not diag's stop) prints its
+    traceback in a bare run: under diag too, with the bare exit code."""
+    s = write_script("interrupts.py", """
+        def wait_for_user():
+            raise KeyboardInterrupt
+        print("working")
+        wait_for_user()
+    """)
+    r = diag_cli("check", "--script", str(s), "--format", "json")
+    assert r.code == 130, r.stderr
+    assert "Traceback (most recent call last)" in r.stderr and "wait_for_user" in r.stderr
+    assert "\nKeyboardInterrupt\n" in r.stderr
+    assert "diag/probe" not in r.stderr and "runpy" not in r.stderr
+    assert r.json()["run"]["status"] == "interrupted"
+
+
 def _descendants_of_run(run_dir: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline", "environ"]):

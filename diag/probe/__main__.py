@@ -126,6 +126,16 @@ def main() -> int:
     except KeyboardInterrupt as e:
         code = 130
         probe.finish("interrupted", code, exception=e)
+        if not terminated and not os.environ.get("DIAG_DEFER_TRACEBACK"):
+            # the script's own KeyboardInterrupt (raised by it, or a SIGINT sent to it, not diag's stop):
+            # Python prints its traceback in a bare run
+            try:
+                from diag.probe.frames import user_traceback
+
+                sys.stderr.write(user_traceback(e, script))
+                sys.stderr.flush()
+            except Exception:
+                pass
     except BaseException as e:  # the user's own error: show their traceback, record it
         from diag.probe.core import exception_info
 
