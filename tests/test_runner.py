@@ -50,6 +50,32 @@ def test_the_scripts_own_keyboard_interrupt_shows_its_traceback_as_bare(diag_cli
     assert r.json()["run"]["status"] == "interrupted"
 
 
+def test_the_scripts_own_excepthook_shows_its_uncaught_error_as_bare(diag_cli, write_script):
+    """A script that installs its own sys.excepthook (rich.traceback.install, pretty_errors) has its
+    uncaught error shown by that hook, with the traceback a bare run gives it (no frame of diag's)."""
+    s = write_script("pretty.py", """
+        import sys
+        import traceback
+
+        def pretty(t, v, tb):
+            files = [f.filename for f in traceback.extract_tb(tb)]
+            print(f"PRETTY {t.__name__}: {v} frames={len(files)} probe={any('probe' in f or 'runpy' in f for f in files)}",
+                  file=sys.stderr)
+
+        sys.excepthook = pretty
+
+        def load():
+            raise ValueError("boom")
+
+        load()
+    """)
+    r = diag_cli("check", "--script", str(s), "--format", "json")
+    assert r.code == 3, r.stderr
+    assert "PRETTY ValueError: boom frames=2 probe=False" in r.stderr   # <module> and load only
+    assert "Traceback (most recent call last)" not in r.stderr
+    assert r.json()["findings"] and r.json()["run"]["status"] == "failed"
+
+
 def _descendants_of_run(run_dir: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline", "environ"]):

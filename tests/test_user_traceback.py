@@ -12,7 +12,7 @@ import traceback
 
 import pytest
 
-from diag.probe.frames import _DIAG_DIR, user_traceback
+from diag.probe.frames import _DIAG_DIR, as_bare, user_traceback
 
 SCRIPT = os.path.abspath(__file__)
 
@@ -84,3 +84,15 @@ def test_diags_frames_above_the_users_first_one_are_left_out():
     assert traceback.extract_tb(e.__traceback__)[0].name == "launcher"
     text = user_traceback(e, SCRIPT)
     assert "launcher" not in text and "_raise_chained" in text and "KeyError: 'missing'" in text
+
+
+def test_as_bare_gives_the_exception_and_its_cause_the_tracebacks_of_a_bare_run():
+    """For the script's own sys.excepthook: the traceback objects themselves, diag's frames out."""
+    passthru = _diag_function("wrapper", "return f(*a)")
+    e = _catch(passthru, _raise_chained)
+    as_bare(e, SCRIPT)
+    for x in (e, e.__cause__):
+        names = [f.name for f in traceback.extract_tb(x.__traceback__)]
+        assert "wrapper" not in names
+    assert [f.name for f in traceback.extract_tb(e.__traceback__)] == ["_catch", "_raise_chained"]
+    assert "".join(traceback.format_exception(e)) == user_traceback(e, SCRIPT)

@@ -30,6 +30,30 @@ def _in_import(frame, depth: int = 64) -> bool:
         depth -= 1
     return False
 
+def _show_uncaught(exc: BaseException, script: str, text) -> None:
+    """Show the script's uncaught exception as a bare run does: through the script's own
+    ``sys.excepthook`` where it installed one (rich's, pretty_errors'), with diag's frames taken out of
+    the traceback; otherwise the traceback ``text()`` (the one Python's hook prints). Python sets
+    ``sys.last_*`` first (a post-mortem debugger reads them)."""
+    from diag.probe.frames import as_bare
+
+    try:
+        hook = sys.excepthook
+        if hook is not sys.__excepthook__:
+            as_bare(exc, script)
+            sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+            try:
+                hook(type(exc), exc, exc.__traceback__)
+                sys.stderr.flush()
+                return
+            except Exception:
+                pass            # a hook that fails: the plain traceback, as Python falls back to it
+        sys.stderr.write(text())
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
 def _run_main(path: str, argv0: str) -> None:
     """``runpy.run_path(path, run_name="__main__")``, with ``sys.argv[0]`` left as ``argv0``: run_path
     sets it to the path it runs, and ``python train.py`` has ``__file__`` absolute but ``argv[0]`` as
@@ -129,13 +153,9 @@ def main() -> int:
         if not terminated and not os.environ.get("DIAG_DEFER_TRACEBACK"):
             # the script's own KeyboardInterrupt (raised by it, or a SIGINT sent to it, not diag's stop):
             # Python prints its traceback in a bare run
-            try:
-                from diag.probe.frames import user_traceback
+            from diag.probe.frames import user_traceback
 
-                sys.stderr.write(user_traceback(e, script))
-                sys.stderr.flush()
-            except Exception:
-                pass
+            _show_uncaught(e, script, lambda: user_traceback(e, script))
     except BaseException as e:  # the user's own error: show their traceback, record it
         from diag.probe.core import exception_info
 
@@ -154,11 +174,7 @@ def main() -> int:
             # from the evidence to the failing write of its traceback (issue 27, class 15)
             probe.finish("oom" if is_oom(e) else "failed", code, exception=e)
             if not os.environ.get("DIAG_DEFER_TRACEBACK"):   # under torchrun diag shows the first failure once
-                try:
-                    sys.stderr.write(info["traceback"])
-                    sys.stderr.flush()
-                except Exception:
-                    pass
+                _show_uncaught(e, script, lambda: info["traceback"])
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         probe.uninstall()

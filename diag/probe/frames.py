@@ -8,6 +8,7 @@ import site
 import sys
 import sysconfig
 import traceback
+import types
 
 _DIAG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO_DIR = os.path.join(_DIAG_DIR, "demo") + os.sep   # the bundled demos are user code
@@ -123,19 +124,56 @@ def _is_diag_file(fn: str) -> bool:
     return fn.startswith(_DIAG_DIR + os.sep) and not fn.startswith(_DEMO_DIR)
 
 
-def _users_frames(frames: list, script: str | None) -> list:
-    """The frames of a traceback as a bare run shows them: diag's own frames (runpy, the probe's
-    launcher) dropped from the top, and the probe's wrappers a call passed through (its DataLoader
-    iterator, ``backward``, ``zero_grad``, optimizer wrappers) dropped from the middle. Where the
-    exception was raised in diag itself, diag's frames after the last frame of other code stay."""
+def _kept(files: list[str], script: str | None) -> list[int]:
+    """Which frames of a traceback (their files, outermost first) a bare run shows: diag's own frames
+    (runpy, the probe's launcher) dropped from the top, and the probe's wrappers a call passed through
+    (its DataLoader iterator, ``backward``, ``zero_grad``, optimizer wrappers) dropped from the middle.
+    Where the exception was raised in diag itself, diag's frames after the last frame of other code
+    stay."""
     keep_from = 0
-    for i, fr in enumerate(frames):
-        if not is_library_file(fr.filename) or (script and fr.filename == script):
+    for i, fn in enumerate(files):
+        if not is_library_file(fn) or (script and fn == script):
             keep_from = i
             break
-    frames = frames[keep_from:]
-    last_other = max((i for i, fr in enumerate(frames) if not _is_diag_file(fr.filename)), default=-1)
-    return [fr for i, fr in enumerate(frames) if i > last_other or not _is_diag_file(fr.filename)]
+    last_other = max((i for i in range(keep_from, len(files)) if not _is_diag_file(files[i])), default=-1)
+    return [i for i in range(keep_from, len(files)) if i > last_other or not _is_diag_file(files[i])]
+
+
+def _users_frames(frames: list, script: str | None) -> list:
+    return [frames[i] for i in _kept([fr.filename for fr in frames], script)]
+
+
+def _chain(exc: BaseException):
+    """``exc`` and the exceptions chained to it (cause, context, a group's members), each once."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend((e.__cause__, e.__context__))
+        todo.extend(getattr(e, "exceptions", None) or ())
+
+
+def as_bare(exc: BaseException, script: str | None) -> None:
+    """Give ``exc`` and its chained exceptions the tracebacks a bare run would have given them (diag's
+    frames out, :func:`_kept`), for the script's own ``sys.excepthook`` (rich's, pretty_errors') to
+    show; the exception is not the script's to use any more (it ended the script)."""
+    for e in _chain(exc):
+        entries = []
+        t = e.__traceback__
+        while t is not None:
+            entries.append(t)
+            t = t.tb_next
+        keep = _kept([t.tb_frame.f_code.co_filename for t in entries], script)
+        if len(keep) == len(entries):
+            continue
+        tb = None
+        for i in reversed(keep):
+            t = entries[i]
+            tb = types.TracebackType(tb, t.tb_frame, t.tb_lasti, t.tb_lineno)
+        e.__traceback__ = tb
 
 
 def user_traceback(exc: BaseException, script: str | None) -> str:
