@@ -70,7 +70,8 @@ def test_the_harness_masks_timings_not_values():
 
 def test_the_script_sees_argv_path_and_file_as_python_gives_them(tmp_path):
     """`python s.py`: argv[0] as typed, __file__ absolute, sys.path without diag's source tree, no
-    PYTHONPATH/PYTHONSAFEPATH of diag's; the same under `diag check --script s.py`."""
+    PYTHONPATH/PYTHONSAFEPATH of diag's, __main__'s names (``__builtins__`` the module, a
+    SourceFileLoader, ``__annotations__``); the same under `diag check --script s.py`."""
     import json
     import os
     import subprocess
@@ -78,8 +79,14 @@ def test_the_script_sees_argv_path_and_file_as_python_gives_them(tmp_path):
 
     (tmp_path / "s.py").write_text(
         "import json, os, sys\n"
+        "try:\n"
+        "    profile\n"
+        "except NameError:\n"
+        "    __builtins__.profile = lambda f: f   # line_profiler's idiom: __builtins__ is a module in __main__\n"
+        "main = {k: type(v).__name__ for k, v in vars(sys.modules['__main__']).items() if k.startswith('__')}\n"
         "print('STATE ' + json.dumps({'argv': sys.argv, 'file': __file__, 'path': sys.path,\n"
-        "      'pp': os.environ.get('PYTHONPATH'), 'safe': os.environ.get('PYTHONSAFEPATH')}))\n")
+        "      'pp': os.environ.get('PYTHONPATH'), 'safe': os.environ.get('PYTHONSAFEPATH'), 'main': main,\n"
+        "      'loader': [__loader__.name, __loader__.path]}))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIAG_", "PYTHONPATH", "PYTHONSAFEPATH"))}
     bare = subprocess.run([sys.executable, "s.py", "--x", "1"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)

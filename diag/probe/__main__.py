@@ -58,13 +58,17 @@ def _run_main(path: str, argv0: str) -> None:
     """``runpy.run_path(path, run_name="__main__")``, with ``sys.argv[0]`` left as ``argv0``: run_path
     sets it to the path it runs, and ``python train.py`` has ``__file__`` absolute but ``argv[0]`` as
     typed (a script that saves its command line writes the same file under diag)."""
+    import builtins
     import types
+    from importlib.machinery import SourceFileLoader
 
     with io.open_code(path) as f:
         code = compile(f.read(), path, "exec")
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __cached__=None, __doc__=None, __loader__=None, __package__=None,
-                         __spec__=None)
+    # the names Python's own __main__ has for `python script.py`: __builtins__ the module (exec would put
+    # its dict there, and `__builtins__.profile = ...` would fail), a SourceFileLoader, __annotations__
+    main.__dict__.update(__file__=path, __cached__=None, __doc__=None, __loader__=SourceFileLoader("__main__", path),
+                         __package__=None, __spec__=None, __builtins__=builtins, __annotations__={})
     saved_main, saved_argv0 = sys.modules.get("__main__"), sys.argv[0] if sys.argv else None
     sys.modules["__main__"] = main
     sys.argv[0] = argv0
