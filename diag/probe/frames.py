@@ -125,18 +125,16 @@ def _is_diag_file(fn: str) -> bool:
 
 
 def _kept(files: list[str], script: str | None) -> list[int]:
-    """Which frames of a traceback (their files, outermost first) a bare run shows: diag's own frames
-    (runpy, the probe's launcher) dropped from the top, and the probe's wrappers a call passed through
-    (its DataLoader iterator, ``backward``, ``zero_grad``, optimizer wrappers) dropped from the middle.
-    Where the exception was raised in diag itself, diag's frames after the last frame of other code
-    stay."""
-    keep_from = 0
-    for i, fn in enumerate(files):
-        if not is_library_file(fn) or (script and fn == script):
-            keep_from = i
-            break
-    last_other = max((i for i in range(keep_from, len(files)) if not _is_diag_file(files[i])), default=-1)
-    return [i for i in range(keep_from, len(files)) if i > last_other or not _is_diag_file(files[i])]
+    """Which frames of a traceback (their files, outermost first) a bare run shows: not diag's, which
+    a call passed through: the probe's launcher above the script's first frame, the probe's wrappers
+    in the middle (its DataLoader iterator, ``backward``, ``zero_grad``, optimizer wrappers). Where
+    the exception was raised in diag itself, diag's frames after the last frame of other code stay
+    (that traceback is diag's bug report). ``script`` is user code wherever it lives."""
+    def diags(fn: str) -> bool:
+        return _is_diag_file(fn) and fn != script
+
+    last_other = max((i for i, fn in enumerate(files) if not diags(fn)), default=-1)
+    return [i for i, fn in enumerate(files) if i > last_other or not diags(fn)]
 
 
 def _users_frames(frames: list, script: str | None) -> list:
