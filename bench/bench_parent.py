@@ -15,8 +15,11 @@ scans) is taken from the job: on karpathy/minGPT's adder it was most of what the
   lines one poll sees, decoded and folded into a fresh Evidence), and the finished evidence written
   indented and compact, copied and rebuilt.
 
-    .venv/bin/python bench/bench_parent.py [--steps 6000] [--calls 100]
+    .venv/bin/python bench/bench_parent.py [--steps 6000] [--calls 100] [--tree DIR]
     .venv/bin/python bench/run.py parent
+
+``--tree DIR``: the diag source tree that ``diag check`` runs and whose replay is timed (default: this
+one), e.g. a worktree of an earlier commit for a before/after pair.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -66,26 +70,20 @@ class _StepCounter:
         self.n = 0
 
     def count(self) -> int:
+        from diag.runner import read_lines_from
+
         for path in self.runs.glob("*/events.rank*.jsonl"):
-            off = self.offsets.get(path, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(off)
-                    chunk = f.read()
-            except OSError:
-                continue
-            end = chunk.rfind(b"\n") + 1
-            self.offsets[path] = off + end
-            self.n += chunk.count(b'"kind": "step"', 0, end)
+            chunk, self.offsets[path] = read_lines_from(path, self.offsets.get(path, 0))
+            self.n += chunk.count(b'"kind": "step"')
         return self.n
 
 
-def live(steps: int, calls: int, settle_s: float = 5.0) -> tuple[dict, Path, Path]:
+def live(steps: int, calls: int, tree: Path = ROOT, settle_s: float = 5.0) -> tuple[dict, Path, Path]:
     work = Path(tempfile.mkdtemp(prefix="diag-bench-parent-"))
     shutil.copy(HERE / "workloads" / "wall_steps.py", work / "wall_steps.py")
     cmd = [sys.executable, "-m", "diag", "check", "--script", "wall_steps.py", "--",
            "--calls", str(calls), "--steps", str(steps), "--warm", "300"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.monotonic()
     steps = _StepCounter(work / ".diag" / "runs")
     with open(work / "output.txt", "wb") as log:     # (a file: a pipe nobody reads could fill and stall diag)
@@ -132,8 +130,12 @@ def live(steps: int, calls: int, settle_s: float = 5.0) -> tuple[dict, Path, Pat
     return res, run_dir, work
 
 
-def offline(run_dir: Path, lines_per_poll: int = 10) -> dict:
-    sys.path.insert(0, str(ROOT))
+def offline(run_dir: Path, tree: Path | None = None, lines_per_poll: int = 10) -> dict:
+    if tree is not None and tree != ROOT:
+        # another tree's diag, in a process of its own (this one has imported this tree's)
+        r = subprocess.run([sys.executable, __file__, "--replay", str(run_dir), "--tree", str(tree)],
+                           capture_output=True, text=True, check=True)
+        return json.loads(r.stdout)
     from diag import __version__
     from diag.evidence import Evidence
     from diag.fold import fold
@@ -179,8 +181,8 @@ def offline(run_dir: Path, lines_per_poll: int = 10) -> dict:
     }
 
 
-def run(results: dict, steps: int = 6000, calls: int = 100) -> None:
-    res, run_dir, work = live(steps, calls)
+def run(results: dict, steps: int = 6000, calls: int = 100, tree: Path = ROOT) -> None:
+    res, run_dir, work = live(steps, calls, tree)
     try:
         results["live"] = res
         print(f"   diag check, {res['step_events']} step events in {res['run_s']} s: parent CPU "
@@ -188,7 +190,7 @@ def run(results: dict, steps: int = 6000, calls: int = 100) -> None:
               f"{res['steady_median_pct']}%, mean {res['steady_mean_pct']}% with the rewrites; first "
               f"seconds {res['first_seconds_cpu_s']} s, after the script {res['after_the_script_cpu_s']} s); steady: "
               f"{res['steady_cpu_per_step_event_us']} us a step event at {res['steady_step_events_per_s']} a second")
-        off = offline(run_dir)
+        off = offline(run_dir, tree)
         results["offline"] = off
         print(f"   replay: {off['events']} events, {off['read_decode_fold_us_per_event']} us an event read, "
               f"decoded and folded; evidence {off['evidence_json_bytes']} bytes: indented "
@@ -202,7 +204,14 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the diag source tree to measure (default: this one)")
+    ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)   # (offline() for another tree)
     a = ap.parse_args()
+    tree = a.tree.resolve()
+    if a.replay is not None:
+        sys.path.insert(0, str(tree))      # (nothing of diag imported yet: the tree's is the one found)
+        print(json.dumps(offline(a.replay)))
+        sys.exit(0)
     out: dict = {}
-    run(out, a.steps, a.calls)
+    run(out, a.steps, a.calls, tree)
     print(json.dumps(out, indent=2))

@@ -626,20 +626,10 @@ class Run:
     def _read_events(self, fresh: bool = False) -> None:
         for path in self._event_files(fresh):
             key = str(path)
-            off = self._event_offsets.get(key, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(off)
-                    chunk = f.read()
-            except OSError:
-                continue
+            chunk, self._event_offsets[key] = read_lines_from(path, self._event_offsets.get(key, 0))
             if not chunk:
                 continue
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                continue
-            self._event_offsets[key] = off + end + 1
-            events = _decode_lines(chunk[: end + 1])
+            events = _decode_lines(chunk)
             if not events:
                 continue
             mine = []
@@ -788,6 +778,19 @@ class Run:
         """A consistent copy of the evidence so far (for live re-evaluation)."""
         with self.lock:
             return Evidence.from_dict(self.evidence.to_dict())
+
+
+def read_lines_from(path, offset: int) -> tuple[bytes, int]:
+    """The whole lines appended to ``path`` since ``offset`` (a line still being written waits for the
+    next read), and the offset to read on from; nothing where the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except OSError:
+        return b"", offset
+    end = chunk.rfind(b"\n") + 1
+    return chunk[:end], offset + end
 
 
 def _decode_lines(chunk: bytes) -> list:

@@ -141,8 +141,9 @@ def _users_frames(frames: list, script: str | None) -> list:
     return [frames[i] for i in _kept([fr.filename for fr in frames], script)]
 
 
-def _chain(exc: BaseException):
-    """``exc`` and the exceptions chained to it (cause, context, a group's members), each once."""
+def _chain(exc):
+    """``exc`` and the exceptions chained to it (cause, context, a group's members), each once; the
+    same for a ``traceback.TracebackException``."""
     todo, seen = [exc], set()
     while todo:
         e = todo.pop()
@@ -179,15 +180,8 @@ def user_traceback(exc: BaseException, script: str | None) -> str:
     an exception raised while handling another, exception groups) included, diag's frames left out
     (:func:`_users_frames`)."""
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
-    todo, seen = [te], set()
-    while todo:
-        t = todo.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
+    for t in _chain(te):    # (a TracebackException links its chain by the same names)
         t.stack = traceback.StackSummary.from_list(_users_frames(list(t.stack), script))
-        todo.extend(x for x in (t.__cause__, t.__context__) if x is not None)
-        todo.extend(getattr(t, "exceptions", None) or ())
     return "".join(te.format())
 
 
