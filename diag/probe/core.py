@@ -41,7 +41,7 @@ from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_li
                                set_user_script, user_frame)
 from diag.probe import marks
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
-from diag.probe.hooks import (DiagStop, Patches, _never, compiling_check, live_optimizers, optimizer_alive,
+from diag.probe.hooks import (DiagStop, OptimizerCensus, Patches, _never, compiling_check, optimizer_alive,
                               remove_hooks, run_eagerly)
 from diag.probe.quiet import silence_hook_warnings
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
@@ -190,6 +190,7 @@ class Probe:
         self._last_sampled = True             # whether that step was sampled (its extras ran)
         # the lane (diag.probe.lane): the unsampled steps of a plain loop on a short path
         self._lane = Lane(lane_enabled())
+        self._census = OptimizerCensus()
         self._ext_ver = 0                     # bumped when an extension hook goes idle or wakes
 
     # ---- events ------------------------------------------------------------------------------------
@@ -490,6 +491,11 @@ class Probe:
             self.report_error("marks", e)
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(register_optimizer_step_post_hook(self._opt_post))
+        try:    # the live optimizers, counted as they are made (not a gc scan inside a step)
+            self._census.install(self._patches, scan=scan_modules)
+        except Exception as e:
+            self._census.ok = False
+            self.report_error("optimizer census", e)
 
         probe = self
         # torch.compile: the step-marking hooks get their eager twins before anything is traced
@@ -1554,10 +1560,10 @@ class Probe:
         detect_framework(self)
 
     def optimizer_alive(self) -> bool:
-        return optimizer_alive()
+        return self._census.any()
 
     def live_optimizers(self) -> int:
-        return live_optimizers()
+        return self._census.count()
 
     def eval_step_opened(self, es: dict) -> None:
         self._evals.opened(es)

@@ -28,7 +28,7 @@ import time
 
 from diag.evidence import events as E
 from diag.probe.frames import user_frame
-from diag.probe.hooks import DiagStop, compiling_check, optimizer_alive
+from diag.probe.hooks import DiagStop, compiling_check
 from diag.probe.models import wrappers_of
 from diag.probe.stepmachine import EVAL_FLOPS_STEP
 
@@ -103,7 +103,7 @@ class EvalWatch:
         if not self.probe.steps.evaluation_only():
             return False
         if self._no_optimizer is None:
-            self._no_optimizer = not optimizer_alive()
+            self._no_optimizer = not self.probe.optimizer_alive()
         return self._no_optimizer
 
     def finished(self) -> None:
@@ -188,7 +188,7 @@ class EvalWatch:
                 or "flopcounter" in os.environ.get("DIAG_PROBE_DISABLE", "")):
             return
         try:
-            if optimizer_alive() or any("compiled" in wrappers_of(m)[1] for m in probe.models()):
+            if probe.optimizer_alive() or any("compiled" in wrappers_of(m)[1] for m in probe.models()):
                 return
             from torch.utils.flop_counter import FlopCounterMode
 
