@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from diag.checks.api import (check, cuda_training, data_wait, device_types, gpu_timeline, median, training_models,
                              Severity)
-
+from diag.evidence.phases import MIN_STEADY
 
 from ._framework import NAMES, framework_entry, framework_of, words
 from ._perf import PERF_MISSING, guide, perf_ran, short_file, training_sites
@@ -179,6 +179,9 @@ def dataloader_workers(ctx):
         sev = Severity.INFO
     elif a["why_not"] == "contended":
         sev = Severity.INFO if on_cpu else Severity.WARNING
+    few = n < MIN_STEADY
+    if few:
+        sev = Severity.INFO     # a first batch's one-off cost (worker start, a cold read) weighs as much as the rest
     fix, snippet = a["fix"], a["snippet"]
     site, fl = fix_site(ev, loader)      # the DataLoader(...) call, or the script's own --num-workers flag
     if fl and a["helps"]:
@@ -190,7 +193,9 @@ def dataloader_workers(ctx):
                 f"per step over {n} steps) with num_workers={loader.num_workers} on {cpus} CPUs."
                 + dw.sentence()
                 + (f" During the run {contention_words(contention)}: the wait is the machine's load as much as "
-                   "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else ""),
+                   "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else "")
+                + (f" Only {n} step(s) were timed: too few to tell a steady wait from the first batches' one-off "
+                   "cost; run more steps to confirm." if few else ""),
         evidence=numbers,
         why="While the main process fetches and collates the next batch, the model does nothing; "
             "this time is lost on every step.",
@@ -467,16 +472,21 @@ def dataloader_main_thread_data(ctx):
     """Time between the end of one step and the first training forward of the next that is neither
     DataLoader wait nor evaluation: the main thread building or moving the batch (indexing a dataset
     by hand, torch.stack of samples, tokenising, augmenting, `.to(device)`), while the model waits.
-    Median share of step time over the timed steps: warning at >= 10%, error at >= 30%; gaps under
-    0.5 ms pass whatever the share (a DataLoader's own per-batch cost is of that order)."""
+    Median share of step time over the timed steps: warning at >= 10%, error at >= 30% when it holds on
+    three steps in four; gaps under 0.5 ms pass whatever the share (a DataLoader's own per-batch cost
+    is of that order). Each step's gap is taken less the probe's own time in that step (``probe_s``: a
+    lower bound of the script's own work there). With fewer than 3 timed steps a finding is info at
+    most: a one-off in the first steps (a first batch read from a cold disk, a lazy import) cannot be
+    told from a steady cost."""
     ev = ctx.evidence
     r = ev.primary
     steps = r.timed_steps()
     if not steps:
         yield ctx.skip("No training step was observed.")
         return
-    gaps = [s.extra.get("pre_forward_s") for s in steps if isinstance(s.extra, dict)]
-    gaps = [g for g in gaps if isinstance(g, (int, float))]
+    pairs = [(s, s.extra.get("pre_forward_s")) for s in steps if isinstance(s.extra, dict)]
+    pairs = [(s, max(g - (s.probe_s or 0.0), 0.0)) for s, g in pairs if isinstance(g, (int, float))]
+    gaps = [g for _, g in pairs]
     if not gaps:
         reason = PERF_MISSING if not perf_ran(r) else "no step recorded the time before its first forward"
         yield ctx.skip(f"The time before each step's forward was not measured: {reason}.")
@@ -503,7 +513,12 @@ def dataloader_main_thread_data(ctx):
         yield ctx.passed(f"{pct(share)} of step time ({ms(gap)}) passes between a step's end and the next "
                      "forward outside the DataLoader.", **numbers, title="Little work between steps")
         return
-    sev = Severity.ERROR if share >= ERROR_SHARE else Severity.WARNING
+    # an error must hold on the run's own spread (three steps in four past the line), not on one median
+    shares = [g / s.total_s for s, g in pairs if s.total_s > 0]
+    sev = Severity.ERROR if share >= ERROR_SHARE and holds_as_error(shares, ERROR_SHARE, None) else Severity.WARNING
+    few = len(gaps) < MIN_STEADY
+    if few:
+        sev = Severity.INFO
     site = max(training_sites(r), key=lambda s: s.count, default=None)
     where = f" before the forward at {short_file(site.location)}" if site and site.location else ""
     fw = framework_of(ev)
@@ -540,6 +555,9 @@ def dataloader_main_thread_data(ctx):
                    "loader = DataLoader(MyData(), batch_size=B, shuffle=True, num_workers=4,\n"
                    "                    pin_memory=True, persistent_workers=True)\n"
                    "for x, y in loader:\n    ...")
+    if few:
+        msg += (f" Only {len(gaps)} step(s) were timed: too few to tell a steady cost from the first steps' "
+                "one-off work; run more steps to confirm.")
     yield ctx.finding(severity=sev, message=msg, evidence=numbers,
                   why="The model (and the GPU) idles while the main thread prepares the next batch; "
                       "worker processes overlap that work with training.",

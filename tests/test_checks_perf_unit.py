@@ -370,3 +370,39 @@ def test_find_unused_parameters():
     out = run("ddp.find-unused-parameters", cpu_run(wrappers=["DistributedDataParallel"],
                                                     distributed=_ddp(checked=0)))
     assert out[0].severity is Severity.SKIPPED
+
+
+def test_main_thread_data_error_must_hold_on_three_steps_in_four():
+    """One median past 30% is not an error when most steps are under it (the run's own spread)."""
+    ev = cpu_run(n=7, gap=0.007)
+    for s in ev.primary.steps[5:]:
+        s.extra["pre_forward_s"] = 0.001          # 5% of the step on two of the six after the first
+    f = run("dataloader.main-thread-data", ev)[0]
+    assert f.evidence["pre_forward_share"] == pytest.approx(0.35, abs=1e-4)
+    assert f.severity is Severity.WARNING
+    held = run("dataloader.main-thread-data", cpu_run(n=7, gap=0.007))[0]
+    assert held.severity is Severity.ERROR
+
+
+def test_main_thread_data_leaves_out_the_probes_own_time():
+    """A step whose gap is the probe's own work (its one-off bookkeeping) is not the script's."""
+    ev = cpu_run(n=5, gap=0.0061)
+    for s in ev.primary.steps:
+        s.probe_s = 0.006                         # the gap less the probe's time: 0.1 ms
+    f = run("dataloader.main-thread-data", ev)[0]
+    assert f.severity is Severity.PASS and f.evidence["pre_forward_s"] == pytest.approx(0.0001, abs=1e-6)
+
+
+@pytest.mark.parametrize("n,expected", [(2, Severity.INFO), (3, Severity.ERROR)])
+def test_main_thread_data_on_too_few_steps_is_info_and_says_why(n, expected):
+    f = run("dataloader.main-thread-data", cpu_run(n=n, gap=0.01))[0]
+    assert f.severity is expected
+    assert ("too few" in f.message) is (expected is Severity.INFO)
+
+
+@pytest.mark.parametrize("n,expected", [(2, Severity.INFO), (3, Severity.WARNING)])
+def test_dataloader_workers_on_too_few_steps_is_info_and_says_why(n, expected):
+    ev = cpu_run(n=n, data=0.004, loaders=[DataLoaderInfo(id=1, num_workers=0, batches=n, batch_size=32)])
+    fs = [f for f in run("dataloader.workers", ev) if f.severity is not Severity.PASS]
+    assert fs and fs[0].severity is expected, [(f.severity, f.message) for f in run("dataloader.workers", ev)]
+    assert ("too few" in fs[0].message) is (expected is Severity.INFO)
