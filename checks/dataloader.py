@@ -97,7 +97,8 @@ def dataloader_workers(ctx):
     waits are the evaluation phase's): the median over the steady training steps of data wait / step
     time (RankEvidence.data_wait_share(), the one share every check reads; the warm-up steps out (docs/steps.md), and with
     workers the steps that fetched an epoch's first batch: dataloader.persistent-workers judges those).
-    Warning at >= 10% of step time, error at >= 30%. Passes when the wait is negligible (under 10%,
+    Warning at >= 10% of step time, error at >= 30% when it holds on three steps in four; info with
+    fewer than 3 timed steps (a first batch's one-off cost cannot be told from a steady wait). Passes when the wait is negligible (under 10%,
     or under 0.5 ms per step: a worker's hand-over costs about that), even with num_workers=0. Recommends a num_workers from the measured per-batch fetch time (f = wait with 0
     workers; f = w x (compute + wait) with w workers), sized for 1.5x the compute rate and capped at
     the usable CPUs minus one, and predicts the step time after it. On a CPU-only run the workers share

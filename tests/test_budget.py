@@ -363,7 +363,7 @@ def test_quiet_until_agrees_with_the_pattern_at_every_period():
             b.steps = steps
             q = b.quiet_until()
             for i in range(steps + 1, q + 1):
-                assert not (i > b.first and (i - b.first) % b.review == 0), (period, steps, i)
+                assert not b.is_review(i), (period, steps, i)
                 assert not b.is_sampled(i + 1), (period, steps, i)
             nxt = q + 1      # the step after them decides: a review, or one followed by a sampled step
-            assert (nxt > b.first and (nxt - b.first) % b.review == 0) or b.is_sampled(nxt + 1), (period, steps)
+            assert b.is_review(nxt) or b.is_sampled(nxt + 1), (period, steps)

@@ -50,7 +50,7 @@ events, :data:`diag.evidence.events.PROBE_SAMPLING`; the reports say the rate).
 
 ``DIAG_PROBE_BUDGET``: the share (``0.01`` or ``1%``; at most 0.5), or ``0`` / ``off`` to sample every
 step. Pure Python, no torch, nothing of the probe: cheap enough to run per step (one call, a few
-appends and a modulo; a review every 16 steps sorts 64 numbers).
+appends and a modulo; a review every 16 to 64 steps sorts 64 numbers: :meth:`Budget.is_review`).
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ DEFAULT_SHARE = 0.01    # the probe's cost, core and extras, within 1% of the me
 MAX_SHARE = 0.5
 FIRST = 10              # steps always sampled at the start
 FLOOR = 64              # never fewer than 1 step in 64 sampled
-REVIEW = 16             # the period is reviewed every this many steps (after the first ones)
+REVIEW = 16             # the period is reviewed every this many steps (after the first ones) ...
+REVIEW_MAX = 64         # ... or every period's steps, up to this many, once the period is longer (is_review)
 WINDOW = 64             # over the last this many steps
 DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin ...
 DOWN_REVIEWS = 2        # ... at this many reviews in a row, priced with what it cost the last time the run
@@ -138,6 +139,7 @@ class Budget:
         self._measured_cost: float | None = None        # what _measure() said last
         self._down = 0                                  # reviews in a row that found a shorter period fits
         self._seen: dict[int, tuple[float, int]] = {}   # period -> (extras a sampled step, step) at its last review
+        self._sampled_at = (0, 0)                       # the indexes of the last two sampled steps fed
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> "Budget":
@@ -173,6 +175,21 @@ class Budget:
         return (self.share > 0 and self.period < CHECK_PERIOD and k > CHECK_FROM
                 and (k - CHECK_FROM - 1) % CHECK_EVERY < CHECK_LEN)
 
+    def is_review(self, index: int) -> bool:
+        """Is the period reviewed after step ``index``? Every :data:`REVIEW` steps while the period is at
+        most that; at longer periods every period's steps (at most :data:`REVIEW_MAX`), half-way between
+        two sampled steps (each review's sampled step then has its unsampled neighbours on both sides for
+        the step clock's figure, :meth:`_measure`). A review sorts and walks the 64-step window: ~60 µs
+        cold on a short CPU step, 4 µs a step at one review in 16, which on the 1.5 ms step of
+        ``bench_depth --calls 100`` was a tenth of the probe's whole cost; at 1 in 64 sampled there is
+        nothing a review every 16 steps would decide sooner. The review steps of a longer period are
+        review steps of every shorter one, so the rule needs no state."""
+        k = index - self.first
+        if k <= 0 or k % self.review:
+            return False
+        m = min(self.period, REVIEW_MAX) // self.review
+        return m <= 1 or (k // self.review) % m == m // 2
+
     def after_step(self, total_s: float, core_s: float, extras_s: float,
                    extras_sampled: bool | None = None) -> bool:
         """Feed one step: its wall time, the probe's core time on it and its extras' time (extras
@@ -184,6 +201,7 @@ class Budget:
         self.steps = i = self.steps + 1
         if was:
             self.sampled_steps += 1
+            self._sampled_at = (i, self._sampled_at[0])
         if self.share > 0:
             ok = 0.0 < total_s < _INF       # (NaN compares false)
             if ok:
@@ -192,7 +210,7 @@ class Budget:
             self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
             self._extras.append((extras_s if 0.0 < extras_s < _INF else 0.0,
                                  was if extras_sampled is None else extras_sampled))
-            if i > self.first and (i - self.first) % self.review == 0:
+            if i > self.first and (i - self.first) % self.review == 0 and self.is_review(i):
                 self._review(i)
             k = i + 1 - self.first
             if k <= 0:
@@ -256,6 +274,8 @@ class Budget:
                 period = self.period
         else:
             self._down = 0
+        if period == self.period:
+            return          # (the reason is worded for a change only: a review that changes nothing is most)
         if period == 1:
             why = (f"core {_us(core)} + extras {_us(extras)} fit in {_us(self.share * step)} "
                    f"({self.share * 100:g}% of the {_us(step)} step)")
@@ -268,12 +288,11 @@ class Budget:
         if measured is not None and measured > timed:
             why += (f"; extras as the step clock measured them over the last {len(self._measured)} sampled "
                     f"steps (the probe's timers saw {_us(timed)})")
-        if period != self.period:
-            self.period = period
-            self._down = 0
-            self.changes.append({"step": i + 1, "period": period, "budget": self.share, "first": self.first,
-                                 "step_s": round(step, 9), "core_s": round(core, 9), "extras_s": round(extras, 9),
-                                 "reason": why})
+        self.period = period
+        self._down = 0
+        self.changes.append({"step": i + 1, "period": period, "budget": self.share, "first": self.first,
+                             "step_s": round(step, 9), "core_s": round(core, 9), "extras_s": round(extras, 9),
+                             "reason": why})
 
     def _period_for(self, extras: float, room: float) -> int:
         """The smallest power of two ``p`` with ``extras / p <= room`` (1 when everything fits; the floor
@@ -301,8 +320,12 @@ class Budget:
         varies by ±10% from step to step: 16 figures' median said 3.4 ms where the sampled and unsampled
         steps' medians differed by ~0.9 ms); it errs towards less sampling, the budget's side. A sampled
         step without :data:`NEAR` pairs after it yet waits for the next review."""
-        todo, last = self._measured_to, self._clock[-1][0] if self._clock else 0
-        if not any(was and todo < i < last for i, _, was in self._clock):
+        if not self._clock:
+            return self._measured_cost
+        todo, last, lo = self._measured_to, self._clock[-1][0], self._clock[0][0]
+        # a sampled step in the window after the last one measured, and not the newest step (the two
+        # latest sampled steps tell: a loop over the window's 64 took ~5 µs a review)
+        if not any(lo <= i and todo < i < last for i in self._sampled_at):
             return self._measured_cost          # nothing new since the last review
         clock = list(self._clock)
         pairs = []                # (position, first step's index, the two steps' wall time) of unsampled pairs
@@ -363,15 +386,17 @@ class Budget:
         if period < CHECK_PERIOD:       # a check may fall in the steps ahead: ask is_sampled
             sampled = self.is_sampled
             for _ in range(review + CHECK_PERIOD + 1):
-                if (i > first and (i - first) % review == 0) or sampled(i + 1):
+                if (i > first and (i - first) % review == 0) or sampled(i + 1):   # (periods under 4: every 16)
                     return i - 1
                 i += 1
             return i - 1
-        for _ in range(review + period + 1):
-            if (i > first and (i - first) % review == 0) or i + 1 <= first or (i + 1 - first) % period == 0:
-                return i - 1
-            i += 1
-        return i - 1
+        # the first step from i on that is followed by a sampled one, and the first that is a review
+        sampled_at = i if i + 1 <= first else i + (first - i - 1) % period
+        m = min(period, REVIEW_MAX) // review
+        every, off = (review, 0) if m <= 1 else (review * m, review * (m // 2))
+        k = max(i - first, 1)
+        review_at = first + k + (off - k) % every
+        return min(sampled_at, review_at) - 1
 
     def feed_quiet(self, totals: list, cores: list) -> None:
         """Feed unsampled steps up to :meth:`quiet_until` (their wall times, the probe's core time on each;
@@ -398,4 +423,5 @@ class Budget:
                 "floor": self.floor, "steps": self.steps, "sampled": self.sampled_steps}
 
 
-__all__ = ["Budget", "CHECK_EVERY", "CHECK_FROM", "CHECK_LEN", "CHECK_PERIOD", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "MEASURED", "REVIEW", "WINDOW", "parse_share"]
+__all__ = ["Budget", "CHECK_EVERY", "CHECK_FROM", "CHECK_LEN", "CHECK_PERIOD", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "MEASURED", "REVIEW",
+           "REVIEW_MAX", "WINDOW", "parse_share"]
