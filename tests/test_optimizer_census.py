@@ -11,8 +11,8 @@ import pickle
 
 import pytest
 import torch
-
 from conftest import run_diag
+
 from diag.probe.hooks import OptimizerCensus, Patches, live_optimizers
 
 
