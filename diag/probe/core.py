@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from diag.evidence import events as E
 from diag.probe.environment import ENV_ALLOWLIST, environment
-from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_library_file, is_oom,
+from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_library_file, is_oom, line_of,
                                set_user_script, user_frame)
 from diag.probe import marks
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
@@ -916,7 +916,7 @@ class Probe:
                         # (Probe._on_top_forward builds it on the full path; diag.probe.lane)
                         ts = _TorchState
                         f = sys._getframe(lane.site_depth)
-                        if (module.training is True and f.f_code is lane.code and f.f_lineno == lane.line and ts.grad()
+                        if (module.training is True and f.f_code is lane.code and f.f_lasti == lane.lasti and ts.grad()
                                 and (output.requires_grad if type(output) is ts.Tensor
                                      else bool(output_grad_tensors(output)))
                                 and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
@@ -1083,7 +1083,7 @@ class Probe:
                 break
             frame = frame.f_back
             up += 1
-        loc_key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+        loc_key = (frame.f_code.co_filename, line_of(frame)) if frame is not None else None
         key = (mid, loc_key, training, grad, inference, ac_dtype, out_rg)
         site = self._sites.get(key)
         if site is None:
@@ -1130,7 +1130,7 @@ class Probe:
                     samples, tokens = samples_of(args, kwargs, sm.last_batch_samples)
                     sm.add_samples(step, skey, samples, tokens)
                 # what the lane would check on the next steps (diag.probe.lane: Lane.consider)
-                self._lane.fwd = (mref, skey, up, frame.f_code, frame.f_lineno, dev_type, acd) \
+                self._lane.fwd = (mref, skey, up, frame.f_code, frame.f_lasti, dev_type, acd) \
                     if frame is not None and acd is not False else None
             else:
                 counted = sm.counts_samples(step, skey)

@@ -2,7 +2,7 @@
 
 Most steps of most runs look the same: one batch from the same DataLoader iterator (or none: a loop
 that builds its batches itself, ``rest`` 1), one forward of
-the same model from the same line of the script, one backward, one optimizer step that closes the
+the same model from the same call in the script, one backward, one optimizer step that closes the
 step. The step machine (:mod:`diag.probe.stepmachine`) decides all of that from scratch on every step,
 and the probe's extensions look at every step; on a short step that work is most of the probe's cost
 (docs/performance.md, "Ninth pass"). The lane takes such a step on the probe's *unsampled* steps (the
@@ -165,7 +165,7 @@ class Lane:
     """The lane's state: whether it is on, what it expects (set when armed), what this step recorded."""
 
     __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "skey", "site_depth", "code",
-                 "line", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
+                 "lasti", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest")
@@ -185,7 +185,7 @@ class Lane:
         self.skey = ""
         self.site_depth = 0      # sys._getframe depth of the call site, counted from Probe.fwd_post
         self.code: Any = None
-        self.line = 0
+        self.lasti = -1          # the call site's instruction in its code (f_lasti: f_lineno walks the line table)
         self.dev = "cpu"
         self.acd: Any = None     # the autocast dtype of the call site (None: no autocast)
         self.oref: Any = _dead
@@ -212,7 +212,7 @@ class Lane:
         self.ext_ver = -1        # the probe's extension version when lane_exts was listed
         self.lane_exts: list = []   # the extensions with a live per-step hook
         # what the full path saw in the step being closed (filled by its hooks, read when arming)
-        self.fwd: Any = None     # (model's weakref, call-site key, frame depth, code, line, device, autocast dtype)
+        self.fwd: Any = None     # (model's weakref, call-site key, frame depth, code, instruction (f_lasti), device, autocast dtype)
         self.fetch: Any = None   # (id(iterator), its record, its loader's record)
         self.optc: Any = None    # (the optimizer's weak reference, the probe's record of it)
         self.opt_plain = False   # the optimizer step ran without a closure
@@ -258,7 +258,7 @@ class Lane:
                 or not p._bwd_wrapped or p._forked or not p.active or p._finishing or p.depth or p._in_data
                 or p.in_backward or id(model) not in ho.known or not self.extensions_ok(p)):
             return
-        self.mref, self.skey, self.site_depth, self.code, self.line, self.dev, self.acd = fwd
+        self.mref, self.skey, self.site_depth, self.code, self.lasti, self.dev, self.acd = fwd
         if fetch is not None:
             self.it_id, self.rec, self.info = fetch
             self.lid = fetch[1][1]

@@ -5,7 +5,7 @@ import linecache
 import os
 import sys
 
-from diag.probe.frames import frame_location
+from diag.probe.frames import frame_location, line_of
 from diag.probe.frames import is_library_file as _is_library_file
 
 MAX_LOCATE = 5000       # synchronisations / copies located (counting goes on without location)
@@ -34,7 +34,7 @@ def _source(file: str, line: int | None) -> str | None:
 def _count_at_caller(sites: dict) -> None:
     """Count one event at the user's line that caused it (sites: (file, line) -> site dict)."""
     f = _caller_outside_library()
-    key = (f.f_code.co_filename, f.f_lineno) if f is not None else ("?", 0)
+    key = (f.f_code.co_filename, line_of(f)) if f is not None else ("?", 0)
     site = sites.get(key)
     if site is None:
         site = sites[key] = {"file": key[0], "line": key[1],
