@@ -341,3 +341,34 @@ def test_compiled_model_is_estimated_not_counted():
     assert m["by_op"] == {} and not any(s.instrumented for s in r.steps)     # nothing slowed down
     assert "compiled model" in r.flops["status"]
     assert r.flops["achieved"]["model_flops_per_s"] > 0
+
+
+def test_the_counted_step_adds_no_module_hooks():
+    """FlopCounterMode's module tracker (global module hooks, a backward hook per module call) made the
+    counted step 8.6x a bare one on an LSTMCell loop; the probe wants the totals only (its own forward /
+    backward snapshots split them), so it counts without the tracker: the same total, no hook."""
+    from torch.nn.modules import module as M
+
+    from diag.probe.flops import FlopCounter
+
+    class Sink:
+        events: list = []
+
+        def emit(self, kind, **kw):
+            self.events.append((kind, kw))
+
+    fc = FlopCounter()
+    pre, post = len(M._global_forward_pre_hooks), len(M._global_forward_hooks)
+    fc._enter(Sink())
+    try:
+        layer = nn.Linear(64, 32)
+        assert (len(M._global_forward_pre_hooks), len(M._global_forward_hooks)) == (pre, post)
+        layer(torch.randn(8, 64)).sum().backward()
+        total = fc.counter.get_total_flops()
+    finally:
+        fc.counter.__exit__(None, None, None)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as stock:
+        layer(torch.randn(8, 64)).sum().backward()
+    assert total == stock.get_total_flops() == 2 * (2 * 8 * 64 * 32)   # the forward and the weight's gradient
