@@ -190,9 +190,9 @@ class EvalWatch:
         try:
             if probe.optimizer_alive() or any("compiled" in wrappers_of(m)[1] for m in probe.models()):
                 return
-            from torch.utils.flop_counter import FlopCounterMode
+            from diag.probe.flops import totals_counter
 
-            mode = FlopCounterMode(display=False)
+            mode = totals_counter()     # (totals only: no module tracker's hooks on every module call)
             mode.__enter__()
             self._flops = mode
             es["instrumented"] = True
