@@ -155,7 +155,11 @@ def test_two_tasks_one_rank_each_without_torchrun(tmp_path):
     port = _free_port()
     common = {"SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2",
               "SLURM_NODEID": "0", "MASTER_PORT": str(port)}
-    procs = [_start(tmp_path, k, 2, {**common, "SLURM_LOCALID": str(k)}, "--script", TRAIN, "--", "--steps", "6")
+    # --fail-on never: the exit code says the flow went through, not what the report found (the script's
+    # dataset sleeps 1 ms an item with num_workers=0: a true dataloader.workers finding, an error when the
+    # wait holds on three steps in four, which it does unless the machine's load breaks a step)
+    procs = [_start(tmp_path, k, 2, {**common, "SLURM_LOCALID": str(k)}, "--script", TRAIN, "--fail-on", "never",
+                    "--", "--steps", "6")
              for k in range(2)]
     results = _finish(procs)
     job = tmp_path / ".diag" / "runs" / "slurm-4242.0"
@@ -166,10 +170,11 @@ def test_two_tasks_one_rank_each_without_torchrun(tmp_path):
     assert all(r["world_size"] == 2 for r in ranks)
     assert all(r["step_stats"]["count"] == 6 for r in ranks)
     assert sorted(p.name for p in job.glob("part-*")) == ["part-0", "part-1"]
-    assert all(code == 0 for code, _, _ in results)
+    assert all(code == 0 for code, _, _ in results), [(code, out[-1500:]) for code, out, _ in results]
+    assert "dataloader.workers" in text
 
     # diag merge judges the directory again, and names what is missing
-    again = run_diag("merge", str(job), "--format", "json", cwd=tmp_path)
+    again = run_diag("merge", str(job), "--format", "json", "--fail-on", "never", cwd=tmp_path)
     assert again.code == 0, again.stderr
     merged = json.loads(again.stdout)
     assert merged["run"]["status"] == "completed" and merged["run"]["run_dir"] == str(job.resolve())
@@ -182,7 +187,7 @@ def test_two_tasks_one_rank_each_without_torchrun(tmp_path):
     shutil.rmtree(job / "part-1")
     res = run_diag("merge", str(job), cwd=tmp_path)
     assert res.code == 2 and "1 of 2 parts have no evidence: task 1" in res.stderr
-    part = run_diag("merge", str(job), "--partial", cwd=tmp_path)
+    part = run_diag("merge", str(job), "--partial", "--fail-on", "never", cwd=tmp_path)
     assert part.code == 0 and "partial job: 1 of 2 parts merged; missing part-1" in part.stdout
 
 
