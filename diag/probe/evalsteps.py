@@ -27,7 +27,7 @@ import os
 import time
 
 from diag.evidence import events as E
-from diag.probe.frames import user_frame
+from diag.probe.frames import line_of, user_frame
 from diag.probe.hooks import DiagStop, compiling_check
 from diag.probe.models import wrappers_of
 from diag.probe.stepmachine import EVAL_FLOPS_STEP
@@ -262,6 +262,6 @@ class EvalWatch:
         try:
             f = user_frame(3)
             if f is not None:
-                es["sync_at"].append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name, op))
+                es["sync_at"].append((f.f_code.co_filename, line_of(f), f.f_code.co_name, op))
         except Exception:
             pass
