@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
+from itertools import repeat
 from typing import Any, Mapping
 
 ENV = "DIAG_PROBE_BUDGET"
@@ -66,6 +67,8 @@ FIRST = 10              # steps always sampled at the start
 FLOOR = 64              # never fewer than 1 step in 64 sampled
 REVIEW = 16             # the period is reviewed every this many steps (after the first ones) ...
 REVIEW_MAX = 64         # ... or every period's steps, up to this many, once the period is longer (is_review)
+REVIEW_FLOOR = 256      # ... and every this many at the floor, where a review can only sample more: each one walks
+#                         the window (~1-2 µs a step at 1 in 64 on bench_depth's short steps, issue 28)
 WINDOW = 64             # over the last this many steps
 DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin ...
 DOWN_REVIEWS = 2        # ... at this many reviews in a row, priced with what it cost the last time the run
@@ -81,6 +84,7 @@ CHECK_LEN = 64          # ... and lasts this many steps (12 measurable sampled s
 CHECK_EVERY = 1024      # ... and comes again every this many steps, while the period is under CHECK_PERIOD
 _OFF = ("0", "off", "none", "no", "false")
 _INF = math.inf
+_NO_EXTRAS = (0.0, False)   # an unsampled step's extras
 
 
 def parse_share(text: str | None) -> float | None:
@@ -187,8 +191,18 @@ class Budget:
         k = index - self.first
         if k <= 0 or k % self.review:
             return False
-        m = min(self.period, REVIEW_MAX) // self.review
-        return m <= 1 or (k // self.review) % m == m // 2
+        every, off = self._review_cycle(self.period)
+        return (k - off) % every == 0
+
+    def _review_cycle(self, period: int) -> tuple[int, int]:
+        """(every, offset): the review steps are ``first + offset + n * every``. At the floor (no less
+        sampling is possible: a review can only decide more) every :data:`REVIEW_FLOOR` steps, on review
+        steps of the floor's own cycle (the nesting :meth:`is_review` relies on)."""
+        review = self.review
+        if period >= self.floor and period >= REVIEW_MAX:
+            return REVIEW_FLOOR, REVIEW_MAX // 2
+        m = min(period, REVIEW_MAX) // review
+        return (review, 0) if m <= 1 else (review * m, review * (m // 2))
 
     def after_step(self, total_s: float, core_s: float, extras_s: float,
                    extras_sampled: bool | None = None) -> bool:
@@ -392,8 +406,7 @@ class Budget:
             return i - 1
         # the first step from i on that is followed by a sampled one, and the first that is a review
         sampled_at = i if i + 1 <= first else i + (first - i - 1) % period
-        m = min(period, REVIEW_MAX) // review
-        every, off = (review, 0) if m <= 1 else (review * m, review * (m // 2))
+        every, off = self._review_cycle(period)
         k = max(i - first, 1)
         review_at = first + k + (off - k) % every
         return min(sampled_at, review_at) - 1
@@ -401,14 +414,25 @@ class Budget:
     def feed_quiet(self, totals: list, cores: list) -> None:
         """Feed unsampled steps up to :meth:`quiet_until` (their wall times, the probe's core time on each;
         no extras): what :meth:`after_step` does for each, without its decision."""
-        for total_s, core_s in zip(totals, cores):
-            self.steps += 1
-            ok = 0.0 < total_s < _INF
-            if ok:
-                self._total.append(total_s)
-            self._clock.append((self.steps, total_s if ok else None, False))
-            self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
-            self._extras.append((0.0, False))
+        n = len(totals)
+        if n and 0.0 < min(totals) and max(totals) < _INF and 0.0 <= min(cores) and max(cores) < _INF:
+            # every value plain (the common case): the deques extended at C speed (a loop of appends cost
+            # ~1,000 bytecodes a call, ~100 a step at a period of 10: issue 28)
+            s = self.steps
+            self.steps = s + n
+            self._total.extend(totals)
+            self._clock.extend(zip(range(s + 1, s + n + 1), totals, repeat(False, n)))
+            self._core.extend(cores)
+            self._extras.extend(repeat(_NO_EXTRAS, n))
+        else:
+            for total_s, core_s in zip(totals, cores):
+                self.steps += 1
+                ok = 0.0 < total_s < _INF
+                if ok:
+                    self._total.append(total_s)
+                self._clock.append((self.steps, total_s if ok else None, False))
+                self._core.append(core_s if 0.0 < core_s < _INF else 0.0)
+                self._extras.append(_NO_EXTRAS)
         self.sampled = False
 
     def pop_changes(self) -> list[dict[str, Any]]:
@@ -424,4 +448,4 @@ class Budget:
 
 
 __all__ = ["Budget", "CHECK_EVERY", "CHECK_FROM", "CHECK_LEN", "CHECK_PERIOD", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "MEASURED", "REVIEW",
-           "REVIEW_MAX", "WINDOW", "parse_share"]
+           "REVIEW_FLOOR", "REVIEW_MAX", "WINDOW", "parse_share"]

@@ -467,7 +467,7 @@ class Probe:
         self.emit(E.ENV, **environment())
         self.slow_path_ns, self.hooked_call_ns, self.autograd_hook_ns = _calibrate()
         if self._lane.allowed:
-            self._lane.entry_ns = calibrate_entry_ns()
+            self._lane.set_entry_ns(calibrate_entry_ns())
             self._lane.core_ns = None
             self._lane.cores = []
         if handover_enabled():
@@ -552,7 +552,8 @@ class Probe:
                     # the step's optimizer-step group ends at this fetch (other optimizers are alive)
                     lane.close(probe, _ns(), lane.o_end)
                 if lane.on and lane.phase == 0 and id(it) == lane.it_id:
-                    # the lane (diag.probe.lane): the step's batch, its clock values and the loader's record
+                    # the lane (diag.probe.lane): the step's batch and its clock values; the loader's record
+                    # counts the lane's fetches at the lane's end (Lane.settle_loader)
                     probe._in_data += 1
                     t0 = _pc()
                     try:
@@ -568,16 +569,27 @@ class Probe:
                         raise
                     dt = _pc() - t0
                     probe._in_data -= 1
-                    info = lane.info
-                    info["batches"] += 1
-                    info["wait_s"] += dt
-                    if dt > info["max_wait_s"]:
-                        info["max_wait_s"] = dt
-                    lane.rec[3] += 1
-                    n = _batch_samples(batch, tensor_cls)
-                    if n is not None:
-                        sm.last_batch_samples = n
-                    lane.t_fetch, lane.dt_fetch, lane.phase = t0, dt, 1
+                    lane.nb += 1
+                    lane.wsum += dt
+                    if dt > lane.wmax:
+                        lane.wmax = dt
+                    # the batch's samples (_batch_samples' common case, inlined)
+                    first = batch[0] if type(batch) in _SEQ and batch else batch
+                    if type(first) is tensor_cls:
+                        shape = first.shape
+                        if shape:
+                            sm.last_batch_samples = shape[0]
+                        else:
+                            n = batch_samples(batch)
+                            if n is not None:
+                                sm.last_batch_samples = n
+                    else:
+                        n = batch_samples(batch)
+                        if n is not None:
+                            sm.last_batch_samples = n
+                    lane.t_fetch = t0
+                    lane.dt_fetch = dt
+                    lane.phase = 1
                     return batch
                 if lane.on:
                     lane.hand_back(probe)

@@ -34,6 +34,8 @@ from diag.probe.hooks import _never, compiling_check, run_eagerly
 from diag.probe.marks import ProbeHook, lift_module_hooks, put_back, remove_global_hook  # noqa: F401 (re-exported)
 from diag.probe.quiet import add_filter, remove_filter
 
+_pc = time.perf_counter
+
 _COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 _compiling = _never           # torch.compiler.is_dynamo_compiling once installed (hooks.compiling_check)
@@ -41,6 +43,16 @@ _compiling = _never           # torch.compiler.is_dynamo_compiling once installe
 WINDOW_FORWARDS = 16          # a window with no step closes after this many outermost forwards
 PERIODIC_FIRST = 16           # periodic windows at steps 16, 32, 64, ... then every PERIODIC_CAP
 PERIODIC_CAP = 1024
+
+
+def next_periodic(s: int) -> int:
+    """The first step count after ``s`` at which a periodic window opens: PERIODIC_FIRST, then the powers
+    of two, then every PERIODIC_CAP steps (a count the lane compares with one int: diag.probe.lane)."""
+    if s < PERIODIC_FIRST:
+        return PERIODIC_FIRST
+    if s < PERIODIC_CAP:
+        return 1 << s.bit_length()
+    return (s // PERIODIC_CAP + 1) * PERIODIC_CAP
 # reasons that never back off: each names a real change in the run
 _NO_BACKOFF = ("install", "new optimizer", "a step no known forward fed", "periodic")
 
@@ -86,6 +98,7 @@ class HandOver:
         self.local_calls = 0                        # calls of modules carrying the probe's local hooks
         self.step_in_window = False                 # a window was open during the current step
         self.steps = 0
+        self.next_periodic = PERIODIC_FIRST        # the step count at which the next periodic window opens
         self.windows: list[tuple[int, str]] = []    # (step, reason) of each window opened
         self.handovers = 0
         self._warn_filter = None
@@ -199,7 +212,20 @@ class HandOver:
         if not self.active:          # a deep copy of a hooked module (an EMA) outlives the probe
             return None
         self.local_calls += 1        # priced by the probe's calibration (its estimated part)
-        return self.probe.fwd_pre(module, args)
+        probe = self.probe
+        lane = probe._lane
+        if lane.on and lane.phase == 1 and id(module) == lane.mid and not probe.depth and not probe.in_backward:
+            # the lane's model forward begins (diag.probe.lane): Probe.fwd_pre's outermost case, one frame
+            # and its has-parameters lookup less (the lane's model has them: it was armed on it)
+            probe.forward_start = _pc()
+            probe.depth = 1
+            probe._top_module = module
+            probe._top_depth = 1
+            probe._seek_model = False
+            if probe._ext_live.get("on_forward_start", True):
+                probe._on_forward_start(module)
+            return None
+        return probe.fwd_pre(module, args)
 
     def _local_post(self, module, args, kwargs, output=None):
         # On a forward that raised, torch calls a *global* always_call hook as hook(module, args, None)
@@ -331,7 +357,8 @@ class HandOver:
                 self.step_in_window = False
             return in_window
         s = self.steps
-        if s >= PERIODIC_FIRST and ((s & (s - 1)) == 0 if s <= PERIODIC_CAP else s % PERIODIC_CAP == 0):
+        if s >= self.next_periodic:
+            self.next_periodic = next_periodic(s)
             self.request("periodic")
         return in_window
 

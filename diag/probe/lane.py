@@ -164,11 +164,11 @@ def step_line(rec: tuple) -> dict | str:
 class Lane:
     """The lane's state: whether it is on, what it expects (set when armed), what this step recorded."""
 
-    __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "skey", "site_depth", "code",
+    __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "mid", "skey", "site_depth", "code",
                  "lasti", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
-                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
+                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns", "entries_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
-                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest")
+                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -182,6 +182,7 @@ class Lane:
         self.info: Any = None
         self.lid: Any = None
         self.mref: Any = _dead   # weak references to the model and the optimizer (the lane keeps no user object alive)
+        self.mid = 0             # id() of the model (compared in the forward's pre-hook; its post-hook checks mref)
         self.skey = ""
         self.site_depth = 0      # sys._getframe depth of the call site, counted from Probe.fwd_post
         self.code: Any = None
@@ -198,12 +199,17 @@ class Lane:
         self.alive = 1           # live optimizers when armed: with more, the step's group ends at the next fetch
         self.streak = 0
         self.sig: Any = None
-        self.entry_ns = 0.0
+        self.entry_ns = 0.0      # one hook entry's calibrated cost (calibrate_entry_ns) ...
+        self.entries_ns = 0.0    # ... times ENTRIES: a step's (set_entry_ns)
         self.core_ns: float | None = None   # the lane steps' probe time, their median (the budget's core)
         self.cores: list = []    # the last lane steps' probe times (core_ns is their median, taken at off())
         # a quiet step's close (Lane.close) leaves three records of the probe to off() (Lane.settle): the
         # optimizer's step count, the hand-over's forwards at its last step, the call site's count
         self.pend = 0            # quiet steps not yet counted in those records
+        # the lane's fetches not yet counted in the loader's record (its batches, their wait, the longest
+        # wait) and in the iterator's batch count: counted at off() (settle_loader), before anything reads them
+        self.nb = 0
+        self.wsum = self.wmax = 0.0
         self.n_site = 0          # the call site's count after the last lane step
         self.ofw = 0             # the hand-over's outermost forwards at the last lane step
         self.fast: Any = None    # (the sink, the file sink under it, its tags): the writer's queue (Probe._step_path)
@@ -219,6 +225,10 @@ class Lane:
         self.quiet = 0           # steps up to this index are fed to the budget later, together (Budget.quiet_until)
         self.q_tot: list = []    # their wall times, and the core times they are fed with
         self.q_core: list = []
+
+    def set_entry_ns(self, ns: float) -> None:
+        self.entry_ns = ns
+        self.entries_ns = ENTRIES * ns
 
     # ---- arming (at the close of a step on the full path) ----------------------------------------------
     def consider(self, p, step, ev: dict) -> None:
@@ -259,6 +269,7 @@ class Lane:
                 or p.in_backward or id(model) not in ho.known or not self.extensions_ok(p)):
             return
         self.mref, self.skey, self.site_depth, self.code, self.lasti, self.dev, self.acd = fwd
+        self.mid = id(model)
         if fetch is not None:
             self.it_id, self.rec, self.info = fetch
             self.lid = fetch[1][1]
@@ -295,6 +306,8 @@ class Lane:
     def off(self, p) -> None:
         """Turn the lane off at a step's boundary: the budget gets the steps still waiting in its list."""
         self.on = False
+        if self.nb:
+            self.settle_loader()
         if self.pend:
             self.settle(p)
         if self.q_tot:
@@ -311,10 +324,22 @@ class Lane:
             n = len(v)
             self.core_ns = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
+    def settle_loader(self) -> None:
+        """The lane's fetches since it was armed, into the loader's record and the iterator's count."""
+        info = self.info
+        info["batches"] += self.nb
+        info["wait_s"] += self.wsum
+        if self.wmax > info["max_wait_s"]:
+            info["max_wait_s"] = self.wmax
+        self.rec[3] += self.nb
+        self.nb = 0
+        self.wsum = self.wmax = 0.0
+
     def settle(self, p) -> None:
         """The records a quiet step's close leaves for later (:meth:`close`): the optimizer's step count,
         the hand-over's forwards at the optimizer's last step, the call site's forward count."""
         k, self.pend = self.pend, 0
+        self.steps += k
         self.oinfo["steps"] += k
         p._handover._opts[self.opt_id] = self.ofw
         p._site_counts[self.skey] = self.n_site
@@ -369,7 +394,7 @@ class Lane:
         w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
         p._est_marks = (w1, h1, b1)
         est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
-               + ENTRIES * self.entry_ns)
+               + self.entries_ns)
         p._est_ns += est
         return probe_ns + est
 
@@ -395,21 +420,36 @@ class Lane:
                 # values, as a record the sink's writer thread builds the step event from (build_step: the
                 # same event, key for key); the probe's records it touches are counted at off() (settle)
                 start = sm.last_boundary
+                closed = sm.closed_at
                 total = end - start
-                gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - self.dt_fetch
+                gap = self.f_start - (start if start > closed else closed) - self.dt_fetch
                 sm.last_boundary = end
                 sm.done = idx
-                self.steps += 1
-                self.pend += 1
+                self.pend += 1          # (self.steps counts it at settle)
                 p.depth = 0
                 p._seek_model = False
                 self.q_tot.append(total)
                 self.q_core.append(p._last_core_s)
                 ho = p._handover
-                window = ho.boundary()
+                hs = ho.steps + 1
+                if hs < ho.next_periodic and not ho.step_in_window and not ho.discovering:
+                    ho.steps = hs       # HandOver.boundary's common case: no window, none due
+                    window = False
+                else:
+                    window = ho.boundary()
                 self.ofw = ho.outermost_forwards
                 n = self.n_site = self.n_site + 1
-                probe_ns = self.own(p, ho, n0)
+                # the probe's time in this step (Lane.own, inlined: one frame less per step)
+                own = p.own_ns + (_ns() - n0)
+                probe_ns = own - p._own_mark
+                p._own_mark = own
+                w0, h0, b0 = p._est_marks
+                w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
+                p._est_marks = (w1, h1, b1)
+                est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
+                       + self.entries_ns)
+                p._est_ns += est
+                probe_ns += est
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0
