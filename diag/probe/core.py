@@ -54,7 +54,7 @@ from diag.probe.lane import Lane, calibrate_entry_ns, lane_enabled, no_closure
 from diag.probe.stepmachine import Step as _Step
 from diag.probe.stepmachine import StepMachine
 from diag.probe.steps import batch_samples, detect_framework, install_manual_update
-from diag.probe.tensors import (batch_size_of, first_tensor, grad_tensor, grad_tensors, on_backward,
+from diag.probe.tensors import (TorchState, batch_size_of, first_tensor, grad_tensor, grad_tensors, on_backward,
                                 output_grad_tensors, samples_of)
 
 # former private names, kept for code that imported them from here
@@ -64,32 +64,7 @@ _device_type = device_type
 _compiling = _never     # torch.compiler.is_dynamo_compiling once a probe is installed (hooks.compiling_check)
 
 
-class _TorchState:
-    """torch's mode readers the outermost forward asks every step, bound once (``Probe.install``): a
-    global read each instead of an ``import torch`` and a lookup in torch's module dict, which after a
-    deep step's work are cache misses of a few microseconds (issue 20)."""
-    torch = None
-    Tensor = None
-    grad = None
-    inference = None
-    autocast = None
-    autocast_dtype = None
-    any_autocast = None
-
-    @classmethod
-    def bind(cls):
-        import torch
-
-        if cls.torch is None:
-            cls.Tensor = torch.Tensor
-            cls.grad = torch.is_grad_enabled
-            cls.inference = torch.is_inference_mode_enabled
-            cls.autocast = torch.is_autocast_enabled
-            cls.autocast_dtype = torch.get_autocast_dtype
-            # one argument-free C call that is False in a run without autocast (most steps of most runs)
-            cls.any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
-            cls.torch = torch
-        return cls
+_TorchState = TorchState   # (moved to diag.probe.tensors: the hand-over's lane path reads it too)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -743,16 +718,18 @@ class Probe:
                 if lane.on and lane.phase != 2:
                     lane.hand_back(probe)
                 probe.in_backward = True
-                start = time.perf_counter()   # (setting the flag above: tens of ns, left in the backward)
+                start = _pc()   # (setting the flag above: tens of ns, left in the backward)
                 try:
                     return orig(*args, **kwargs)
                 finally:
                     t0 = _ns()
-                    end = t0 * 1e-9      # (perf_counter's clock)
                     probe.in_backward = False
                     if lane.on and lane.phase == 2:   # the lane's backward (diag.probe.lane)
-                        lane.b_start, lane.b_end, lane.phase = start, end, 3
+                        lane.b_start = start
+                        lane.b_end = t0 * 1e-9   # (perf_counter's clock)
+                        lane.phase = 3
                     else:
+                        end = t0 * 1e-9
                         try:             # Probe._backward_done, inlined (per step: issue 28)
                             sm.backward(start, end)
                         except DiagStop:
@@ -923,33 +900,9 @@ class Probe:
             # (paused, forked or inside a fetch: the full path below ignores this forward; so does the lane)
             if self.depth == 0:
                 try:
-                    if lane.phase == 1 and self._top_module is module and module is lane.mref():
-                        # the lane's model forward: the call-site key's parts checked, not rebuilt
-                        # (Probe._on_top_forward builds it on the full path; diag.probe.lane)
-                        ts = _TorchState
-                        f = sys._getframe(lane.site_depth)
-                        if (module.training is True and f.f_code is lane.code and f.f_lasti == lane.lasti and ts.grad()
-                                and (output.requires_grad if type(output) is ts.Tensor
-                                     else bool(output_grad_tensors(output)))
-                                and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
-                                     else None) == lane.acd):
-                            end = time.perf_counter()
-                            # the step's samples as Probe._on_top_forward counts its first training forward
-                            hint = self.steps.last_batch_samples
-                            t = args[0] if args else None
-                            shape = t.shape if type(t) is ts.Tensor else None
-                            if shape and t.is_floating_point():
-                                samples = shape[0]
-                                if hint is not None and samples != hint and hint in shape:
-                                    samples = hint
-                                lane.samples, lane.tokens = samples, None
-                            else:
-                                lane.samples, lane.tokens = samples_of(args, kwargs, hint)
-                            lane.f_start, lane.f_end, lane.bare_s, lane.phase = self.forward_start, end, 0.0, 2
-                            self._handover.outermost_forwards += 1
-                            return None
-                    elif (lane.phase in (1, 2) and self._top_depth == 0 and not self._bare_had_model
-                          and self._top_module is None and output is not None):
+                    # (the lane's model forward ends in HandOver._local_post: what reaches here is not one)
+                    if (lane.phase in (1, 2) and self._top_depth == 0 and not self._bare_had_model
+                            and self._top_module is None and output is not None):
                         # a parameterless outermost module that called no model (a loss module)
                         ts = _TorchState
                         if lane.phase == 1 or (type(output) is ts.Tensor and output.requires_grad and ts.grad()):
@@ -1237,9 +1190,12 @@ class Probe:
             return None
         lane = self._lane
         if lane.on:
-            plain = not kwargs and (not args or (len(args) == 1 and args[0] is opt))
-            if lane.phase == 3 and opt is lane.oref() and (plain or no_closure(opt, args, kwargs)):
-                lane.o_start, lane.phase = time.perf_counter(), 4   # the lane's optimizer step (diag.probe.lane)
+            # the lane's optimizer step (diag.probe.lane): its own, without a closure (torch hands the hook
+            # (optimizer,) and step()'s arguments; plain `opt.step()` first)
+            if (lane.phase == 3 and ((not kwargs and len(args) == 1 and args[0] is opt) or no_closure(opt, args, kwargs))
+                    and opt is lane.oref()):
+                lane.o_start = _pc()
+                lane.phase = 4
                 return None
             lane.hand_back(self)
         t0 = _ns()
@@ -1599,6 +1555,7 @@ class Probe:
 
 
 _ns = time.perf_counter_ns
+_pc = time.perf_counter
 _ONCE = frozenset({"install", "uninstall", "on_exit"})   # extension hooks that run once, outside the steps
 STEADY_FROM = 5   # own_cost's steady parts count from this step's close (diag.evidence.probe.PROBE_WARMUP)
 _SEQ = (list, tuple)

@@ -33,6 +33,7 @@ import weakref
 from diag.probe.hooks import _never, compiling_check, run_eagerly
 from diag.probe.marks import ProbeHook, lift_module_hooks, put_back, remove_global_hook  # noqa: F401 (re-exported)
 from diag.probe.quiet import add_filter, remove_filter
+from diag.probe.tensors import TorchState, output_grad_tensors, samples_of
 
 _pc = time.perf_counter
 
@@ -237,6 +238,45 @@ class HandOver:
         if not self.active:
             return None
         probe = self.probe
+        lane = probe._lane
+        if lane.on and lane.phase == 1 and probe.depth == 1 and probe._top_module is module and output is not None:
+            # the lane's model forward ends (diag.probe.lane): its call-site key's parts checked, not rebuilt
+            # (Probe._on_top_forward builds the key on the full path), here rather than one frame further in
+            # Probe.fwd_post; anything unexpected goes on to fwd_post, which hands the step back
+            try:
+                if (probe.active and not probe._forked and not probe._in_data and not probe.in_backward
+                        and module.training is True and module is lane.mref()):
+                    ts = TorchState
+                    f = sys._getframe(lane.site_depth)
+                    if (f.f_code is lane.code and f.f_lasti == lane.lasti and ts.grad()
+                            and (output.requires_grad if type(output) is ts.Tensor
+                                 else bool(output_grad_tensors(output)))
+                            and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
+                                 else None) == lane.acd):
+                        end = _pc()
+                        probe.depth = 0
+                        # the step's samples as Probe._on_top_forward counts its first training forward
+                        hint = probe.steps.last_batch_samples
+                        t = args[0] if args else None
+                        shape = t.shape if type(t) is ts.Tensor else None
+                        if shape and t.is_floating_point():
+                            samples = shape[0]
+                            if hint is not None and samples != hint and hint in shape:
+                                samples = hint
+                            lane.samples = samples
+                            lane.tokens = None
+                        else:
+                            lane.samples, lane.tokens = samples_of(args, kwargs, hint)
+                        lane.f_start = probe.forward_start
+                        lane.f_end = end
+                        lane.bare_s = 0.0
+                        lane.phase = 2
+                        self.outermost_forwards += 1
+                        if self.discovering or self._pending is not None:
+                            self._after_outermost()
+                        return None
+            except Exception:
+                pass
         if output is None and sys.exc_info()[0] is not None:
             r = probe.fwd_post(module, args, None)
         else:

@@ -184,7 +184,7 @@ class Lane:
         self.mref: Any = _dead   # weak references to the model and the optimizer (the lane keeps no user object alive)
         self.mid = 0             # id() of the model (compared in the forward's pre-hook; its post-hook checks mref)
         self.skey = ""
-        self.site_depth = 0      # sys._getframe depth of the call site, counted from Probe.fwd_post
+        self.site_depth = 0      # sys._getframe depth of the call site, counted from HandOver._local_post
         self.code: Any = None
         self.lasti = -1          # the call site's instruction in its code (f_lasti: f_lineno walks the line table)
         self.dev = "cpu"
@@ -268,7 +268,8 @@ class Lane:
                 or not p._bwd_wrapped or p._forked or not p.active or p._finishing or p.depth or p._in_data
                 or p.in_backward or id(model) not in ho.known or not self.extensions_ok(p)):
             return
-        self.mref, self.skey, self.site_depth, self.code, self.lasti, self.dev, self.acd = fwd
+        self.mref, self.skey, depth, self.code, self.lasti, self.dev, self.acd = fwd
+        self.site_depth = depth - 1     # (counted from fwd_post; the lane reads it one frame out, in _local_post)
         self.mid = id(model)
         if fetch is not None:
             self.it_id, self.rec, self.info = fetch

@@ -125,3 +125,31 @@ def on_backward(t, fn):
     if node is not None:
         return node.register_prehook(fn)
     return t.register_hook(fn)
+
+
+class TorchState:
+    """torch's mode readers the outermost forward asks every step, bound once (``Probe.install``): a
+    global read each instead of an ``import torch`` and a lookup in torch's module dict, which after a
+    deep step's work are cache misses of a few microseconds (issue 20)."""
+    torch = None
+    Tensor = None
+    grad = None
+    inference = None
+    autocast = None
+    autocast_dtype = None
+    any_autocast = None
+
+    @classmethod
+    def bind(cls):
+        import torch
+
+        if cls.torch is None:
+            cls.Tensor = torch.Tensor
+            cls.grad = torch.is_grad_enabled
+            cls.inference = torch.is_inference_mode_enabled
+            cls.autocast = torch.is_autocast_enabled
+            cls.autocast_dtype = torch.get_autocast_dtype
+            # one argument-free C call that is False in a run without autocast (most steps of most runs)
+            cls.any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
+            cls.torch = torch
+        return cls
