@@ -637,7 +637,12 @@ class Probe:
             t0 = _ns()
             out = orig_zero_grad(opt, set_to_none)
             n0 = _ns()
-            if not probe._forked and probe.active:
+            if lane.on and id(opt) == lane.opt_id and probe.active and not probe._forked:
+                # the lane's optimizer: counted in its record at the lane's end (Lane.settle_loader)
+                lane.zg_n += 1
+                lane.zg_ns += n0 - t0
+                lane.zg_none = set_to_none
+            elif not probe._forked and probe.active:
                 try:   # zero_grad's record, here in the wrapper (per step: issue 28)
                     info = optimizers.get(id(opt)) or probe.optimizer_info(opt)
                     info["zero_grad_calls"] += 1

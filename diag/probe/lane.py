@@ -168,7 +168,8 @@ class Lane:
                  "lasti", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns", "entries_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
-                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax")
+                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
+                 "zg_none")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -210,6 +211,9 @@ class Lane:
         # wait) and in the iterator's batch count: counted at off() (settle_loader), before anything reads them
         self.nb = 0
         self.wsum = self.wmax = 0.0
+        # and the lane optimizer's zero_grad() calls (their count, their time in ns, the last set_to_none)
+        self.zg_n = self.zg_ns = 0
+        self.zg_none: Any = None
         self.n_site = 0          # the call site's count after the last lane step
         self.ofw = 0             # the hand-over's outermost forwards at the last lane step
         self.fast: Any = None    # (the sink, the file sink under it, its tags): the writer's queue (Probe._step_path)
@@ -307,7 +311,7 @@ class Lane:
     def off(self, p) -> None:
         """Turn the lane off at a step's boundary: the budget gets the steps still waiting in its list."""
         self.on = False
-        if self.nb:
+        if self.nb or self.zg_n:
             self.settle_loader()
         if self.pend:
             self.settle(p)
@@ -326,15 +330,23 @@ class Lane:
             self.core_ns = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
     def settle_loader(self) -> None:
-        """The lane's fetches since it was armed, into the loader's record and the iterator's count."""
-        info = self.info
-        info["batches"] += self.nb
-        info["wait_s"] += self.wsum
-        if self.wmax > info["max_wait_s"]:
-            info["max_wait_s"] = self.wmax
-        self.rec[3] += self.nb
-        self.nb = 0
-        self.wsum = self.wmax = 0.0
+        """The lane's fetches since it was armed, into the loader's record and the iterator's count; its
+        optimizer's zero_grad() calls, into the optimizer's record."""
+        if self.nb:
+            info = self.info
+            info["batches"] += self.nb
+            info["wait_s"] += self.wsum
+            if self.wmax > info["max_wait_s"]:
+                info["max_wait_s"] = self.wmax
+            self.rec[3] += self.nb
+            self.nb = 0
+            self.wsum = self.wmax = 0.0
+        if self.zg_n:
+            info = self.oinfo
+            info["zero_grad_calls"] += self.zg_n
+            info["zero_grad_s"] += self.zg_ns / 1e9
+            info["zero_grad_set_to_none"] = bool(self.zg_none)
+            self.zg_n = self.zg_ns = 0
 
     def settle(self, p) -> None:
         """The records a quiet step's close leaves for later (:meth:`close`): the optimizer's step count,
