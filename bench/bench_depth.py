@@ -4,7 +4,7 @@ thread (bench/workloads/depth_steps.py). Two measurements per depth, on the step
 (it leaves out the time the thread waited for a core, which on a shared machine is most of the noise):
 
 * **steady state** (the headline: what a long job pays): one probe installed for thousands of steps,
-  steps in cycles of six (two active, two paused, two with the probe taken out of torch), adjacent
+  steps in cycles of seven (three active, two paused, two with the probe taken out of torch), adjacent
   steps compared inside one process: the probe's work (active - paused), the floor of its hooks
   (paused - bare) and the total (active - bare), 10%-trimmed means with the spread over 10 chunks of
   cycles; and the total's growth per extra module call between the shallowest and deepest Sequential.

@@ -15,9 +15,12 @@ Variants:
                 their bodies returning at once (the floor under --steady's figure)
 
 --steady PAIRS: after the blocks, the probe's cost in steady state, as a long job pays it: one probe
-installed for the rest of the run (as under `diag check`), the steps in cycles of six: two with the
+installed for the rest of the run (as under `diag check`), the steps in cycles of seven: three with the
 probe active, two paused (every hook in place, the bodies return at once), two with everything it put
-on the step's path taken out of torch (bare); within a cycle the steps are adjacent in time (the
+on the step's path taken out of torch (bare); the last active step is the one measured, and with three
+probe steps a cycle (an odd number) its index walks through every residue of the cost budget's period
+(a power of two), so it is a sampled step as often as any step of a long run is (with two, at 1 step in
+2 sampled, it was always the sampled one, or never); within a cycle the steps are adjacent in time (the
 machine's drift cancels) and nothing is allocated between them (the model's memory layout stays: a
 fresh process or probe per block moves it, and on this machine that alone moves a deep step's time by
 a few percent). Cycles touched by a discovery window, and the first WARMUP cycles, are left out.
@@ -224,10 +227,10 @@ class Detached:
 
 
 def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 10) -> dict:
-    """The probe's steady-state cost (see the module doc). Steps in cycles of six: two with the probe
+    """The probe's steady-state cost (see the module doc). Steps in cycles of seven: three with the probe
     active (A), two paused (P: its hooks called, returning at once), two with it taken out of torch
-    (B, :class:`Detached`: bare). Per kept cycle, on this thread's CPU time: work = A2 - P2, floor =
-    P2 - B2, total = A2 - B2 (the second of each kind: it follows one of its kind, as every step of a
+    (B, :class:`Detached`: bare). Per kept cycle, on this thread's CPU time: work = A3 - P2, floor =
+    P2 - B2, total = A3 - B2 (the last of each kind: it follows one of its kind, as every step of a
     long run does). 10%-trimmed means over cycles (medians alongside); the spread is the
     inter-quartile range of the trimmed means of ``chunks`` consecutive runs of cycles."""
     from diag.probe.core import Probe
@@ -241,7 +244,7 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
     # one epoch for the whole measurement (the blocks' 8-batch epochs would open a discovery window every
     # few steps; and an epoch that began in a detached or paused step would be an iterator the probe never
     # saw start, which no real run has): the dataset's rows again and again, by index, no copies
-    L = 6
+    L = 7     # A A A P P B B: three active steps (an odd number: see the module doc)
     ds = loader.dataset
     rows = (L * (warmup + pairs + 64) + 8) * loader.batch_size
     loader = DataLoader(ds, batch_size=loader.batch_size, drop_last=True,
@@ -252,13 +255,13 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
     try:
         for i in range(L * (warmup + pairs + 64)):       # room for the cycles a window touches
             k = i % L
-            if k == 4:                                   # (between steps: not timed)
+            if k == 5:                                   # (between steps: not timed)
                 if detached is None:
                     detached = Detached(probe)
                 detached.__enter__()
             elif k == 0 and detached is not None and detached._saved:
                 detached.__exit__(None, None, None)
-            probe.active = k < 2
+            probe.active = k < 3
             if k == 0:
                 # the probe's step clock starts again here: the paused and detached steps before were not
                 # its steps (else the first active step's time spans five steps, and the cost budget,
@@ -291,10 +294,10 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
     for c in range(warmup, len(cpu) // L):
         if any(touched[L * c:L * c + L]):
             continue
-        a2, p2, b2 = cpu[L * c + 1], cpu[L * c + 3], cpu[L * c + 5]
-        work.append(a2 - p2)
+        a3, p2, b2 = cpu[L * c + 2], cpu[L * c + 4], cpu[L * c + 6]
+        work.append(a3 - p2)
         floor.append(p2 - b2)
-        total.append(a2 - b2)
+        total.append(a3 - b2)
         bare.append(b2)
     with open(events) as f:
         steps = [json.loads(line) for line in f if '"kind": "step"' in line]

@@ -43,14 +43,21 @@ core and extras:
   unsampled pairs around them for the step clock's figure (:data:`MEASURED_MIN`). When it shows that
   sampling costs more than the room, the next review raises ``p``; when it fits, ``p`` stays and the
   check costs nothing but ~5% of the steps' extras (48 of 1,024 steps unsampled). The check is part of
-  the deterministic pattern (:meth:`Budget.is_sampled`) and changes no period by itself.
+  the deterministic pattern (:meth:`Budget.is_sampled`) and changes no period by itself;
+* **what the timers miss**: where the step clock has no clear figure (a check on a noisy host: a 2-core
+  VM's 12 ms step varies by ±1-2 ms from step to step), a period under :data:`CHECK_PERIOD` is priced
+  at :data:`UNSEEN` (2) times the timers' figure: on bench_depth's 801-call CPU step the timers saw
+  86-105 µs a sampled step where sampling cost about twice that, and the budget sampled 1 step in 2
+  (+1.45% a step, in both trees of the fifteenth pass) where 1 in 4 (+1.15%) is nearer its 1%. At 1 in 4
+  and longer the step clock can measure, and the factor does not apply.
 
 Each change of period is kept in :attr:`Budget.changes` (the probe emits them as ``probe_sampling``
 events, :data:`diag.evidence.events.PROBE_SAMPLING`; the reports say the rate).
 
 ``DIAG_PROBE_BUDGET``: the share (``0.01`` or ``1%``; at most 0.5), or ``0`` / ``off`` to sample every
 step. Pure Python, no torch, nothing of the probe: cheap enough to run per step (one call, a few
-appends and a modulo; a review every 16 to 64 steps sorts 64 numbers: :meth:`Budget.is_review`).
+appends and a modulo; a review every 16 to 64 steps, every 256 at the floor, sorts 64 numbers:
+:meth:`Budget.is_review`).
 """
 from __future__ import annotations
 
@@ -70,6 +77,9 @@ REVIEW_MAX = 64         # ... or every period's steps, up to this many, once the
 REVIEW_FLOOR = 256      # ... and every this many at the floor, where a review can only sample more: each one walks
 #                         the window (~1-2 µs a step at 1 in 64 on bench_depth's short steps, issue 28)
 WINDOW = 64             # over the last this many steps
+UNSEEN = 2.0            # a sampled step's extras, priced at this many times the probe's timers while the step
+#                         clock has no clear figure (the timers see the probe's code only: 2x low on the 801-call
+#                         CPU step of bench_depth, 3-7x on steps of a few ms; issue 28, fifteenth pass)
 DOWN_MARGIN = 1.25      # a shorter period (more sampling) must fit with this margin ...
 DOWN_REVIEWS = 2        # ... at this many reviews in a row, priced with what it cost the last time the run
 SEEN_FOR = 512          # was at that period, within this many steps
@@ -186,8 +196,12 @@ class Budget:
         the step clock's figure, :meth:`_measure`). A review sorts and walks the 64-step window: ~60 µs
         cold on a short CPU step, 4 µs a step at one review in 16, which on the 1.5 ms step of
         ``bench_depth --calls 100`` was a tenth of the probe's whole cost; at 1 in 64 sampled there is
-        nothing a review every 16 steps would decide sooner. The review steps of a longer period are
-        review steps of every shorter one, so the rule needs no state."""
+        nothing a review every 16 steps would decide sooner. At the floor (1 in :data:`FLOOR`: the core
+        alone over the budget, the case of every short host-bound step) a review can only decide more
+        sampling, which the step getting several times longer would allow: every :data:`REVIEW_FLOOR`
+        steps there (the budget's work on bench_depth's 11-call step: ~100 bytecodes a step to ~30,
+        issue 28). The review steps of a longer period are review steps of every shorter one, so the
+        rule needs no state but the period."""
         k = index - self.first
         if k <= 0 or k % self.review:
             return False
@@ -263,7 +277,12 @@ class Budget:
         if measured is not None and measured > extras:
             extras = measured
         room = self.share * step - core
+        # at 1 or 2 (below CHECK_PERIOD) no unsampled pairs are left for the step clock to price sampling
+        # with: there, without its figure, what the timers miss is priced too (UNSEEN times theirs)
+        unseen = UNSEEN if measured is None else 1.0
         period = self._period_for(extras, room)
+        if period < CHECK_PERIOD and unseen > 1.0:
+            period = max(period, self._period_for(extras * unseen, room))
         self._seen[self.period] = (extras, i)
         if period < self.period:
             # more sampling only with a margin (to every step too), priced with what a sampled step cost
@@ -278,6 +297,8 @@ class Budget:
                 seen = self._seen.get(c // 2)
                 if seen is not None and i - seen[1] <= SEEN_FOR and seen[0] > x:
                     x = seen[0]
+                if c // 2 < CHECK_PERIOD:
+                    x *= unseen
                 if x * DOWN_MARGIN > room * (c // 2):
                     break
                 c //= 2
@@ -302,6 +323,9 @@ class Budget:
         if measured is not None and measured > timed:
             why += (f"; extras as the step clock measured them over the last {len(self._measured)} sampled "
                     f"steps (the probe's timers saw {_us(timed)})")
+        elif unseen > 1.0 and period < CHECK_PERIOD * 2 and self._period_for(extras, room) < period:
+            why += (f"; below 1 in {CHECK_PERIOD} priced at {unseen:g}x the probe's timers: the step clock has "
+                    f"no clear figure there, and the timers miss torch's dispatch of the hooks and the caches")
         self.period = period
         self._down = 0
         self.changes.append({"step": i + 1, "period": period, "budget": self.share, "first": self.first,
@@ -448,4 +472,4 @@ class Budget:
 
 
 __all__ = ["Budget", "CHECK_EVERY", "CHECK_FROM", "CHECK_LEN", "CHECK_PERIOD", "DEFAULT_SHARE", "ENV", "FIRST", "FLOOR", "MEASURED", "REVIEW",
-           "REVIEW_FLOOR", "REVIEW_MAX", "WINDOW", "parse_share"]
+           "REVIEW_FLOOR", "REVIEW_MAX", "UNSEEN", "WINDOW", "parse_share"]
