@@ -54,6 +54,8 @@ def next_periodic(s: int) -> int:
     if s < PERIODIC_CAP:
         return 1 << s.bit_length()
     return (s // PERIODIC_CAP + 1) * PERIODIC_CAP
+
+
 # reasons that never back off: each names a real change in the run
 _NO_BACKOFF = ("install", "new optimizer", "a step no known forward fed", "periodic")
 

@@ -452,17 +452,7 @@ class Lane:
                     window = ho.boundary()
                 self.ofw = ho.outermost_forwards
                 n = self.n_site = self.n_site + 1
-                # the probe's time in this step (Lane.own, inlined: one frame less per step)
-                own = p.own_ns + (_ns() - n0)
-                probe_ns = own - p._own_mark
-                p._own_mark = own
-                w0, h0, b0 = p._est_marks
-                w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
-                p._est_marks = (w1, h1, b1)
-                est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
-                       + self.entries_ns)
-                p._est_ns += est
-                probe_ns += est
+                probe_ns = self.own(p, ho, n0)
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0
