@@ -548,20 +548,9 @@ class Probe:
                     lane.wsum += dt
                     if dt > lane.wmax:
                         lane.wmax = dt
-                    # the batch's samples (_batch_samples' common case, inlined)
-                    first = batch[0] if type(batch) in _SEQ and batch else batch
-                    if type(first) is tensor_cls:
-                        shape = first.shape
-                        if shape:
-                            sm.last_batch_samples = shape[0]
-                        else:
-                            n = batch_samples(batch)
-                            if n is not None:
-                                sm.last_batch_samples = n
-                    else:
-                        n = batch_samples(batch)
-                        if n is not None:
-                            sm.last_batch_samples = n
+                    n = _batch_samples(batch, tensor_cls)
+                    if n is not None:
+                        sm.last_batch_samples = n
                     lane.t_fetch = t0
                     lane.dt_fetch = dt
                     lane.phase = 1
