@@ -851,6 +851,8 @@ class Probe:
             return None         # and it may end by an exception that skips the post hook
         self.depth += 1
         if self.depth == 1:
+            # (a lane step's model forward begins in HandOver._local_pre, which sets what this case sets:
+            # a change here is a change there)
             ent = self._has_params.get(id(module))   # module_has_parameters' cache hit, inlined
             if (ent[1] if ent is not None and ent[0]() is module else self.module_has_parameters(module)):
                 self.forward_start = time.perf_counter()
