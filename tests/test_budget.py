@@ -401,3 +401,21 @@ def test_quiet_until_agrees_with_the_pattern_at_every_period():
                 assert not b.is_sampled(i + 1), (period, steps, i)
             nxt = q + 1      # the step after them decides: a review, or one followed by a sampled step
             assert b.is_review(nxt) or b.is_sampled(nxt + 1), (period, steps)
+
+
+def test_at_the_floor_reviews_come_every_256_steps_half_way_between_sampled_steps():
+    # at 1 in 64 (the core alone over the budget) a review can only decide more sampling: every
+    # REVIEW_FLOOR steps, on review steps of the floor's own cycle (32 past a sampled step)
+    b = B.Budget()
+    b.period = B.FLOOR
+    reviews = [i for i in range(B.FIRST + 1, B.FIRST + 2000) if b.is_review(i)]
+    assert {y - x for x, y in zip(reviews, reviews[1:])} == {B.REVIEW_FLOOR}
+    assert all((i - B.FIRST) % B.FLOOR == B.FLOOR // 2 for i in reviews)
+    # they are review steps of the floor's own cycle (1 in 64, every 64 steps) and of every 16
+    c = B.Budget(floor=128)  # (a budget whose floor is further: 64 is an ordinary period there)
+    c.period = B.FLOOR
+    reviews64 = [i for i in range(B.FIRST + 1, B.FIRST + 2000) if c.is_review(i)]
+    assert {y - x for x, y in zip(reviews64, reviews64[1:])} == {64}
+    c.period = 16
+    reviews16 = [i for i in range(B.FIRST + 1, B.FIRST + 2000) if c.is_review(i)]
+    assert set(reviews) <= set(reviews64) <= set(reviews16)

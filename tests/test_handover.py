@@ -323,3 +323,18 @@ def test_in_steady_state_nothing_of_the_probe_runs_per_module_call_or_per_op(mon
         assert s["function_modes"] == 0 and s["dispatch_modes"] == 0 and not s["anomaly"]
         assert s["patched"] == []
         assert s["hooked"] == [s["model"]]
+
+
+def test_next_periodic_is_the_periodic_rule():
+    # the lane compares the hand-over's step count with one int (HandOver.next_periodic): the same steps
+    # as the rule it replaced (16, 32, 64, ... 1024, then every 1024)
+    from diag.probe.handover import PERIODIC_CAP, PERIODIC_FIRST, next_periodic
+
+    rule = [s for s in range(1, 9000)
+            if s >= PERIODIC_FIRST and ((s & (s - 1)) == 0 if s <= PERIODIC_CAP else s % PERIODIC_CAP == 0)]
+    got, n = [], next_periodic(0)
+    for s in range(1, 9000):
+        if s >= n:
+            got.append(s)
+            n = next_periodic(s)
+    assert got == rule and got[:4] == [16, 32, 64, 128]

@@ -200,8 +200,8 @@ class Budget:
         alone over the budget, the case of every short host-bound step) a review can only decide more
         sampling, which the step getting several times longer would allow: every :data:`REVIEW_FLOOR`
         steps there (the budget's work on bench_depth's 11-call step: ~100 bytecodes a step to ~30,
-        issue 28). The review steps of a longer period are review steps of every shorter one, so the
-        rule needs no state but the period."""
+        issue 28). The rule needs no state but the period; every review step is one of the 16-step
+        cadence, and the floor's are reviews of the 1-in-64 cycle too."""
         k = index - self.first
         if k <= 0 or k % self.review:
             return False
@@ -211,7 +211,7 @@ class Budget:
     def _review_cycle(self, period: int) -> tuple[int, int]:
         """(every, offset): the review steps are ``first + offset + n * every``. At the floor (no less
         sampling is possible: a review can only decide more) every :data:`REVIEW_FLOOR` steps, on review
-        steps of the floor's own cycle (the nesting :meth:`is_review` relies on)."""
+        steps of the floor's own cycle (half-way between two sampled steps, as there)."""
         review = self.review
         if period >= self.floor and period >= REVIEW_MAX:
             return REVIEW_FLOOR, REVIEW_MAX // 2
