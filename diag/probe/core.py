@@ -442,7 +442,7 @@ class Probe:
         self.emit(E.ENV, **environment())
         self.slow_path_ns, self.hooked_call_ns, self.autograd_hook_ns = _calibrate()
         if self._lane.allowed:
-            self._lane.set_entry_ns(calibrate_entry_ns())
+            self._lane.entry_ns = calibrate_entry_ns()
             self._lane.core_ns = None
             self._lane.cores = []
         if handover_enabled():
@@ -508,7 +508,6 @@ class Probe:
         sm = self.steps
         iters, by_lid, tensor_cls = self._iters, self._loaders_by_lid, torch.Tensor
         lane = self._lane
-        _pc = time.perf_counter
 
         def stopped(it) -> None:   # the iterator's pass ended (StopIteration)
             try:
@@ -528,7 +527,7 @@ class Probe:
                     lane.close(probe, _ns(), lane.o_end)
                 if lane.on and lane.phase == 0 and id(it) == lane.it_id:
                     # the lane (diag.probe.lane): the step's batch and its clock values; the loader's record
-                    # counts the lane's fetches at the lane's end (Lane.settle_loader)
+                    # counts the lane's fetches at the lane's end (Lane.settle_counts)
                     probe._in_data += 1
                     t0 = _pc()
                     try:
@@ -627,7 +626,7 @@ class Probe:
             out = orig_zero_grad(opt, set_to_none)
             n0 = _ns()
             if lane.on and id(opt) == lane.opt_id and probe.active and not probe._forked:
-                # the lane's optimizer: counted in its record at the lane's end (Lane.settle_loader)
+                # the lane's optimizer: counted in its record at the lane's end (Lane.settle_counts)
                 lane.zg_n += 1
                 lane.zg_ns += n0 - t0
                 lane.zg_none = set_to_none

@@ -166,7 +166,7 @@ class Lane:
 
     __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "mid", "skey", "site_depth", "code",
                  "lasti", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
-                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns", "entries_ns",
+                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
                  "zg_none")
@@ -200,15 +200,14 @@ class Lane:
         self.alive = 1           # live optimizers when armed: with more, the step's group ends at the next fetch
         self.streak = 0
         self.sig: Any = None
-        self.entry_ns = 0.0      # one hook entry's calibrated cost (calibrate_entry_ns) ...
-        self.entries_ns = 0.0    # ... times ENTRIES: a step's (set_entry_ns)
+        self.entry_ns = 0.0      # one hook entry's calibrated cost (calibrate_entry_ns)
         self.core_ns: float | None = None   # the lane steps' probe time, their median (the budget's core)
         self.cores: list = []    # the last lane steps' probe times (core_ns is their median, taken at off())
         # a quiet step's close (Lane.close) leaves three records of the probe to off() (Lane.settle): the
         # optimizer's step count, the hand-over's forwards at its last step, the call site's count
         self.pend = 0            # quiet steps not yet counted in those records
         # the lane's fetches not yet counted in the loader's record (its batches, their wait, the longest
-        # wait) and in the iterator's batch count: counted at off() (settle_loader), before anything reads them
+        # wait) and in the iterator's batch count: counted at off() (settle_counts), before anything reads them
         self.nb = 0
         self.wsum = self.wmax = 0.0
         # and the lane optimizer's zero_grad() calls (their count, their time in ns, the last set_to_none)
@@ -229,10 +228,6 @@ class Lane:
         self.quiet = 0           # steps up to this index are fed to the budget later, together (Budget.quiet_until)
         self.q_tot: list = []    # their wall times, and the core times they are fed with
         self.q_core: list = []
-
-    def set_entry_ns(self, ns: float) -> None:
-        self.entry_ns = ns
-        self.entries_ns = ENTRIES * ns
 
     # ---- arming (at the close of a step on the full path) ----------------------------------------------
     def consider(self, p, step, ev: dict) -> None:
@@ -312,7 +307,7 @@ class Lane:
         """Turn the lane off at a step's boundary: the budget gets the steps still waiting in its list."""
         self.on = False
         if self.nb or self.zg_n:
-            self.settle_loader()
+            self.settle_counts()
         if self.pend:
             self.settle(p)
         if self.q_tot:
@@ -329,7 +324,7 @@ class Lane:
             n = len(v)
             self.core_ns = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
-    def settle_loader(self) -> None:
+    def settle_counts(self) -> None:
         """The lane's fetches since it was armed, into the loader's record and the iterator's count; its
         optimizer's zero_grad() calls, into the optimizer's record."""
         if self.nb:
@@ -407,7 +402,7 @@ class Lane:
         w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
         p._est_marks = (w1, h1, b1)
         est = ((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns
-               + self.entries_ns)
+               + ENTRIES * self.entry_ns)
         p._est_ns += est
         return probe_ns + est
 
@@ -444,12 +439,7 @@ class Lane:
                 self.q_tot.append(total)
                 self.q_core.append(p._last_core_s)
                 ho = p._handover
-                hs = ho.steps + 1
-                if hs < ho.next_periodic and not ho.step_in_window and not ho.discovering:
-                    ho.steps = hs       # HandOver.boundary's common case: no window, none due
-                    window = False
-                else:
-                    window = ho.boundary()
+                window = ho.boundary()
                 self.ofw = ho.outermost_forwards
                 n = self.n_site = self.n_site + 1
                 probe_ns = self.own(p, ho, n0)
