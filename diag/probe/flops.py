@@ -81,9 +81,9 @@ class _NoModules:
 
 def totals_counter():
     """A ``FlopCounterMode`` that counts totals only (``get_total_flops``): without its module tracker,
-    whose global module hooks and per-module backward hooks made a counted step 8.6x a bare one on an
-    LSTMCell loop (pytorch/examples' time_sequence_prediction) against 3.4x without them, for the same
-    total. The probe splits forward and backward with its own snapshots of the total and never reads
+    whose global module hooks and per-module backward hooks made a counted step 5.2x the others on an
+    LSTMCell loop (pytorch/examples' time_sequence_prediction, docs/performance.md, fourteenth pass)
+    against 3.2x without them, for the same total. The probe splits forward and backward with its own snapshots of the total and never reads
     the per-module breakdown. A torch whose counter has no such tracker gets the stock counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
