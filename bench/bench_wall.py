@@ -50,7 +50,8 @@ def run_side(side: str, args: list, tmp: str, k: int) -> tuple:
         with open(events, encoding="utf-8") as f:
             steps = sum(1 for ln in f if '"kind": "step"' in ln)
     got = json.loads(line)
-    return float(got["mean_step_s"]), steps, got["thread_cpu_step_s"], got["process_cpu_step_s"]
+    return (float(got["mean_step_s"]), steps, got["thread_cpu_step_s"], got["process_cpu_step_s"],
+            got["p999_step_s"], got["max_step_s"])
 
 
 def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=print, data: str = "loader") -> dict:
@@ -60,20 +61,24 @@ def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=pri
     got: dict = {s: [] for s in sides}
     recorded: dict = {s: [] for s in sides}
     cpu: dict = {s: [] for s in sides}
+    tail: dict = {s: [] for s in sides}
     with tempfile.TemporaryDirectory(prefix="diag-bench-wall-") as tmp:
         for r in range(rounds):
             order = sides[r % len(sides):] + sides[:r % len(sides)]
             row = {}
             for s in order:
-                row[s], n, th, pr = run_side(s, args, tmp, r)
+                row[s], n, th, pr, p999, longest = run_side(s, args, tmp, r)
                 got[s].append(row[s])
+                tail[s].append((p999, longest))
                 cpu[s].append((th, pr))
                 recorded[s].append(n)
             log(f"round {r + 1}: " + ", ".join(f"{s} {row[s] * 1e6:.1f} us" for s in sides)
                 + "".join(f"; {s} {(row[s] - row['bare']) * 1e6:+.1f} us ({row[s] / row['bare'] - 1:+.1%})"
                           for s in sides[1:]))
     summary: dict = {"calls": calls, "data": data, "steps": steps, "rounds": rounds,
-                     "bare_us": [round(x * 1e6, 1) for x in got["bare"]]}
+                     "bare_us": [round(x * 1e6, 1) for x in got["bare"]],
+                     # the longest steps of each run (its 99.9th percentile, its longest), per round
+                     "bare_tail_us": [[round(a * 1e6), round(b * 1e6)] for a, b in tail["bare"]]}
     for s in sides[1:]:
         diffs = [(p - b) * 1e6 for p, b in zip(got[s], got["bare"])]
         ratios = [(p / b - 1) * 100 for p, b in zip(got[s], got["bare"])]
@@ -82,6 +87,7 @@ def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=pri
                       "added_pct_median": round(statistics.median(ratios), 2),
                       "added_pct_range": [round(min(ratios), 2), round(max(ratios), 2)],
                       "steps_recorded": recorded[s],
+                      "tail_us": [[round(a * 1e6), round(b * 1e6)] for a, b in tail[s]],
                       # CPU a step against the same round's bare run: the step's thread, and the other
                       # threads (the process's CPU beyond its step thread: the event writer)
                       "thread_cpu_added_us_median": round(statistics.median(
@@ -115,7 +121,8 @@ def main() -> int:
         print(f"{s}: {r['added_us_median']:+.1f} us a step median (range {r['added_us_range'][0]:+.1f}.."
               f"{r['added_us_range'][1]:+.1f}), {r['added_pct_median']:+.2f}% (range {r['added_pct_range'][0]:+.2f}.."
               f"{r['added_pct_range'][1]:+.2f}%) over {a.rounds} rounds; CPU a step: step thread "
-              f"{r['thread_cpu_added_us_median']:+.1f} us, other threads {r['other_threads_cpu_added_us_median']:+.1f} us")
+              f"{r['thread_cpu_added_us_median']:+.1f} us, other threads {r['other_threads_cpu_added_us_median']:+.1f} us; "
+              f"longest steps (p99.9/max, us) {r['tail_us']} (bare {summary['bare_tail_us']})")
     print(json.dumps(summary))
     return 0
 

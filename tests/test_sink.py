@@ -55,6 +55,38 @@ def test_other_events_write_the_waiting_steps_first_and_close_writes_the_rest(tm
     assert len(_lines(p)) == 5
 
 
+def test_the_writer_encodes_in_chunks_and_gives_the_gil_back_between_them(tmp_path, monkeypatch):
+    # the writer thread's flush (FileSink._flush_chunked): CHUNK lines, written, then a real sleep (the
+    # script's thread takes the GIL); an event written in place between two chunks keeps the file's order
+    p = tmp_path / "ev.jsonl"
+    s = FileSink(str(p), defer_steps=True)
+    monkeypatch.setattr(sink_mod, "CHUNK", 3)
+    seen = []
+
+    def sleep(dt):
+        seen.append((dt, [e.get("index", e["kind"]) for e in _lines(p)], len(s._pending)))
+        if len(seen) == 2:
+            s({"kind": "set", "path": "x", "value": 1})   # drains the rest first, under the lock
+
+    monkeypatch.setattr(sink_mod.time, "sleep", sleep)
+    for i in range(1, 11):
+        s._pending.append({"kind": "step", "index": i})   # (the writer thread is not started: no step event emitted)
+    s._flush_chunked()
+    assert seen[0] == (sink_mod.BREATHE_S, [1, 2, 3], 7)
+    assert seen[1] == (sink_mod.BREATHE_S, [1, 2, 3, 4, 5, 6], 4)
+    assert len(seen) == 2                                    # the in-place write took the rest
+    assert [e.get("index", e["kind"]) for e in _lines(p)] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, "set"]
+    # past BACKLOG waiting events it does not breathe (it catches up)
+    monkeypatch.setattr(sink_mod, "BACKLOG", 4)
+    seen.clear()
+    for i in range(11, 21):
+        s._pending.append({"kind": "step", "index": i})
+    s._flush_chunked()
+    assert [n for _, _, n in seen] == [1]                   # slept only once fewer than 4 waited
+    s.close()
+    assert [e.get("index") for e in _lines(p)][-10:] == list(range(11, 21))
+
+
 def test_a_full_disk_in_the_writer_thread_reaches_the_next_call(tmp_path, monkeypatch):
     s = FileSink(str(tmp_path / "ev.jsonl"))
     try:

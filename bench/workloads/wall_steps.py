@@ -5,7 +5,8 @@ two tensors itself, no DataLoader, as nanoGPT's ``get_batch`` does), one intra-o
 JSON line: the
 mean wall-clock step time (``time.perf_counter`` at each step's end) over the steps after WARM, and
 the CPU time a step of this thread and of the whole process (other threads included: the probe's
-event writer).
+event writer), and the longest steps (the 99.9th percentile and the longest: a writer thread that holds
+the GIL shows there, not in the mean).
 
     python bench/workloads/wall_steps.py --calls 10 --steps 4000 --warm 300
 """
@@ -53,7 +54,9 @@ def main() -> int:
             cpu.append((time.thread_time(), time.process_time()))
     timed = ends[a.warm:]
     n = len(timed) - 1
+    each = sorted(b - a_ for a_, b in zip(timed, timed[1:]))
     print(json.dumps({"calls": a.calls, "data": a.data, "steps": n, "mean_step_s": (timed[-1] - timed[0]) / n,
+                      "p999_step_s": each[min(n - 1, int(0.999 * n))], "max_step_s": each[-1],
                       "thread_cpu_step_s": (cpu[-1][0] - cpu[0][0]) / n,
                       "process_cpu_step_s": (cpu[-1][1] - cpu[0][1]) / n}))
     return 0

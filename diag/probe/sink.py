@@ -13,6 +13,17 @@ from typing import Any
 from diag.evidence import events as E
 
 FLUSH_S = 0.2          # step events wait at most this long before they are written
+# the writer thread encodes at most CHUNK lines while it holds the GIL, then writes them and sleeps for
+# BREATHE_S (a real sleep: the GIL goes to the script's thread, which may be waiting for it since a torch
+# op released it). Encoding all of 0.2 s of a short step's lines at once held the GIL until the
+# interpreter's 5 ms switch interval forced it off: on a 0.2 ms CPU step the longest steps took 5-8 ms
+# under the probe, 0.4-0.6 ms bare. 128 lines (~0.6 ms of encoding) brought them to 1.2-2.4 ms with the
+# same mean step; 8 to 32 lines took the longest to 0.5-0.9 ms but cost 4-8 µs on every step (a GIL
+# hand-over per chunk; docs/performance.md, sixteenth pass). Past BACKLOG waiting events the writer stops
+# breathing and catches up.
+CHUNK = 128
+BREATHE_S = 0.0005
+BACKLOG = 8192
 # the per-step events: the step itself and the extensions' per-step records (``memory.steps``,
 # ``timeline.steps``), all handed to the writer thread; and the per-pass ``dataloader`` record (each
 # epoch or evaluation pass: written in place it also encoded every waiting step event on the step's
@@ -120,15 +131,30 @@ class FileSink:
         except (ValueError, TypeError):   # NaN or infinity (JSON has no spelling for them), odd keys
             return json.dumps(_scrub(event), default=str)
 
-    def _drain_lines(self) -> list[str]:
+    def _drain_lines(self, limit: int = -1) -> list[str]:
         out: list[str] = []
         pending = self._pending
-        while True:
+        while limit:
             try:
                 ev = pending.popleft()
             except IndexError:
                 return out
             out.append(self._line(ev))
+            limit -= 1
+        return out
+
+    def _flush_chunked(self) -> None:
+        """The writer thread's flush: :data:`CHUNK` lines at a time, a breath between chunks (the script's
+        thread takes the GIL), none once :data:`BACKLOG` events wait. Another event's write (which drains
+        everything first, under the lock) may come between two chunks: the file keeps the order."""
+        pending = self._pending
+        while pending and not self._closed and os.getpid() == self._pid:
+            with self._lock:
+                lines = self._drain_lines(CHUNK)
+                if lines:
+                    self._write(lines)
+            if pending and len(pending) < BACKLOG:
+                time.sleep(BREATHE_S)
 
     def _write(self, lines: list[str]) -> None:
         data = ("\n".join(lines) + "\n").encode("utf-8")
@@ -149,7 +175,7 @@ class FileSink:
                 continue
             t0 = time.thread_time_ns()      # this thread's CPU (not its waits for the GIL or the lock)
             try:
-                self.flush()
+                self._flush_chunked()
             except OSError as e:
                 self.ready = False          # the next deferred event takes the call, which raises it
                 self._error = e
