@@ -9,7 +9,7 @@ move with the machine's load or its caches: a figure that a 2-core VM's noise (Â
 of bench_depth) cannot blur, for finding where the probe's per-step work is and for a test to hold it
 (``tests/test_step_ops.py``). What a step costs in time is bench_depth's (docs/performance.md).
 
-    .venv/bin/python bench/step_ops.py [--steps 300] [--calls 10]
+    .venv/bin/python bench/step_ops.py [--steps 300] [--calls 10] [--loss module]
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def _where(code) -> str:
     return f[i + len("site-packages") + 1:] if i >= 0 else f
 
 
-def count(calls: int = 10, steps: int = 300, warmup: int = 120, probe: bool = True) -> dict:
+def count(calls: int = 10, steps: int = 300, warmup: int = 120, probe: bool = True,
+          loss: str = "functional") -> dict:
     """Bytecodes a step, by function, over ``steps`` traced steps after ``warmup`` untraced ones:
     ``{"per_step": [...] (diag's own bytecodes each step), "by_function": {"file:function": ops a step},
     "all_per_step": mean bytecodes a step (torch's and the loop's included), "lane_steps": ...}``."""
@@ -54,6 +55,9 @@ def count(calls: int = 10, steps: int = 300, warmup: int = 120, probe: bool = Tr
     loader = DataLoader(TensorDataset(torch.randn(n, 32), torch.randint(0, 32, (n,))), batch_size=16,
                         drop_last=True)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    # the step's loss: the functional one, or a loss *module* (an outermost module without parameters,
+    # hooked as the model is: as most scripts call it)
+    loss_fn = nn.CrossEntropyLoss() if loss == "module" else nn.functional.cross_entropy
     ops: collections.Counter = collections.Counter()
     per_step: list = []
     mine = [0]
@@ -98,7 +102,7 @@ def count(calls: int = 10, steps: int = 300, warmup: int = 120, probe: bool = Tr
                     mine[0] = 0
                 x, y = next(it)
                 opt.zero_grad(set_to_none=True)
-                nn.functional.cross_entropy(model(x), y).backward()
+                loss_fn(model(x), y).backward()
                 opt.step()
                 if i >= warmup:
                     per_step.append(mine[0])
@@ -119,10 +123,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--loss", choices=("functional", "module"), default="functional",
+                    help="the step's loss: nn.functional.cross_entropy, or an nn.CrossEntropyLoss module")
     a = ap.parse_args()
-    bare = count(a.calls, a.steps, probe=False)
-    under = count(a.calls, a.steps, probe=True)
-    print(f"{a.calls + 1}-call step, {a.steps} traced steps ({under['lane_steps']} on the lane): bytecodes a step "
+    bare = count(a.calls, a.steps, probe=False, loss=a.loss)
+    under = count(a.calls, a.steps, probe=True, loss=a.loss)
+    print(f"{a.calls + 1}-call step ({a.loss} loss), {a.steps} traced steps ({under['lane_steps']} on the lane): bytecodes a step "
           f"bare {bare['all_per_step']:.0f}, under the probe {under['all_per_step']:.0f} "
           f"(+{under['all_per_step'] - bare['all_per_step']:.0f}); diag's own: median {under['diag_median']:.0f}, "
           f"mean {under['diag_mean']:.0f}")

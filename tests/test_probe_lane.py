@@ -509,3 +509,32 @@ def test_the_lane_goes_on_after_an_evaluation(name, after, monkeypatch):
     unsampled = [e["index"] for e in events if e["kind"] == "step" and e.get("sampled") is False]
     assert sum(1 for i in unsampled if i >= after) >= 10, unsampled[-20:]
     assert probe._lane.steps >= len(unsampled) - 1
+
+
+def test_the_loss_module_rides_the_lane(monkeypatch):
+    """A parameterless outermost module called after the model forward (a loss module: most scripts call
+    one) goes through the probe's full forward hooks on the first lane step only; after it, the
+    hand-over's trampolines take it (two clock reads, HandOver._local_pre/_local_post) and the step
+    event is the same (the "plain" script above: test_lane_writes_the_same_evidence_as_the_full_path)."""
+    import collections
+
+    from diag.probe.core import Probe
+
+    seen: collections.Counter = collections.Counter()
+    orig = Probe.fwd_pre
+
+    def counting(self, module, args):
+        seen[type(module).__name__] += 1
+        return orig(self, module, args)
+
+    monkeypatch.setattr(Probe, "fwd_pre", counting)
+    events, probe = _run(plain, monkeypatch, lane=True)
+    steps = [e for e in events if e["kind"] == "step"]
+    lane = probe._lane.steps
+    assert lane > 60, lane
+    # one full-hook call a step off the lane, and about one a lane stretch (each sampled step ends one)
+    assert seen["CrossEntropyLoss"] <= len(steps) - lane + len(steps) // 8, (seen, len(steps), lane)
+    # and with the lane off, every step's loss goes through them
+    seen.clear()
+    events0, _ = _run(plain, monkeypatch, lane=False)
+    assert seen["CrossEntropyLoss"] == len([e for e in events0 if e["kind"] == "step"])

@@ -906,6 +906,9 @@ class Probe:
                             self._handover.note(module, True, False)
                             if lane.phase == 2:
                                 lane.bare_s += end - self._bare_start
+                                if lane.bid != id(module):
+                                    # the next steps take it in the hand-over's trampolines (lane.bid)
+                                    lane.bid, lane.bref = id(module), weakref.ref(module)
                             return None
                 except Exception:
                     pass

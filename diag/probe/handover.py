@@ -228,6 +228,16 @@ class HandOver:
             if probe._ext_live.get("on_forward_start", True):
                 probe._on_forward_start(module)
             return None
+        if lane.on and lane.phase == 2 and id(module) == lane.bid and not probe.depth and not probe.in_backward:
+            # the lane's loss module begins (a parameterless outermost module after the model forward):
+            # Probe.fwd_pre's case for one, without its frame and its has-parameters lookup
+            probe.depth = 1
+            probe._top_module = None
+            probe._top_depth = 0
+            probe._seek_model = True
+            probe._bare_start = _pc()
+            probe._bare_had_model = False
+            return None
         return probe.fwd_pre(module, args)
 
     def _local_post(self, module, args, kwargs, output=None):
@@ -277,6 +287,24 @@ class HandOver:
                         if self.discovering or self._pending is not None:
                             self._after_outermost()
                         return None
+            except Exception:
+                pass
+        elif (lane.on and lane.phase == 2 and probe.depth == 1 and id(module) == lane.bid
+              and probe._top_module is None and not probe._bare_had_model and type(output) is TorchState.Tensor):
+            # the lane's loss module ends: what Probe.fwd_post's lane case and note() do for it, here; a
+            # module not known, or one that called a model before, goes on to them
+            try:
+                if (output.requires_grad and probe.active and not probe._forked and not probe._in_data
+                        and not probe.in_backward and TorchState.grad() and lane.bref() is module
+                        and self._bare_models.get(id(module)) is False and id(module) in self.known):
+                    end = _pc()
+                    probe.depth = 0
+                    probe._seek_model = False
+                    self.outermost_forwards += 1
+                    lane.bare_s += end - probe._bare_start
+                    if self.discovering or self._pending is not None:
+                        self._after_outermost()
+                    return None
             except Exception:
                 pass
         if output is None and sys.exc_info()[0] is not None:

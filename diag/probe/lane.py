@@ -169,7 +169,7 @@ class Lane:
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
-                 "zg_none")
+                 "zg_none", "bid", "bref")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -184,6 +184,11 @@ class Lane:
         self.lid: Any = None
         self.mref: Any = _dead   # weak references to the model and the optimizer (the lane keeps no user object alive)
         self.mid = 0             # id() of the model (compared in the forward's pre-hook; its post-hook checks mref)
+        # the parameterless outermost module called after the model forward (a loss module), once one lane
+        # step took it through the full hooks (Probe.fwd_post): later steps take it in the hand-over's
+        # trampolines, two clock reads (HandOver._local_pre / _local_post)
+        self.bid = 0
+        self.bref: Any = _dead
         self.skey = ""
         self.site_depth = 0      # sys._getframe depth of the call site, counted from HandOver._local_post
         self.code: Any = None
@@ -268,6 +273,7 @@ class Lane:
                 or p.in_backward or id(model) not in ho.known or not self.extensions_ok(p)):
             return
         self.mref, self.skey, depth, self.code, self.lasti, self.dev, self.acd = fwd
+        self.bid, self.bref = 0, _dead
         self.site_depth = depth - 1     # (counted from fwd_post; the lane reads it one frame out, in _local_post)
         self.mid = id(model)
         if fetch is not None:
