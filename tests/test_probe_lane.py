@@ -88,6 +88,74 @@ def with_accumulation_later():
         opt.step()
 
 
+def with_accumulation_from_a_loader():
+    """Gradient accumulation the plain way: a fetch, a forward, a backward per micro-batch, the optimizer
+    every fourth; the epoch's last two micro-batches never reach an optimizer step (the next epoch's
+    first fetch comes after a backward, from a new iterator)."""
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _epoch in range(2):
+        for i, (x, y) in enumerate(_loader(150)):
+            (crit(model(x), y) / 4).backward()
+            if i % 4 == 3:
+                opt.step()
+                opt.zero_grad()
+
+
+def with_accumulation_without_a_loader():
+    """nanoGPT's loop: the loss computed by the model, the next batch built between the forward and the
+    backward, three micro-batches a step, the gradient clipped before the optimizer step."""
+    model = TokenLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+
+    def get_batch():
+        return torch.randint(0, 50, (4, 12), generator=g)
+
+    ids = get_batch()
+    for i in range(80):
+        for _micro in range(3 if i < 60 else 2):
+            loss = model(input_ids=ids, labels=ids)["loss"] / 3
+            ids = get_batch()
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def with_accumulation_fetching_first():
+    """The Hugging Face Trainer's order: the step's micro-batches fetched first, then each one's forward
+    and backward (the lane keeps the batches fetched ahead in order: Lane.queue)."""
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    it = iter(_loader(160))
+    for _ in range(80):
+        batches = [next(it), next(it)]
+        for x, y in batches:
+            (crit(model(x), y) / 2).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def with_accumulation_irregular():
+    """Accumulation that goes off the pattern now and then: a batch fetched and never forwarded (every
+    seventh step), a forward of the model under no_grad between two micro-batches (every eleventh: the
+    lane hands the step back mid-way, its micro-batches replayed in order), an accumulation count that
+    changes."""
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    it = iter(_loader(400))
+    for i in range(90):
+        batches = [next(it) for _ in range(3 if i % 7 == 6 else 2 + (i > 60))]
+        for j, (x, y) in enumerate(batches[:2 + (i > 60 and i % 7 != 6)]):
+            (crit(model(x), y) / 2).backward()
+            if j == 0 and i % 11 == 10:
+                with torch.no_grad():
+                    model(x)
+        opt.step()
+        opt.zero_grad()
+
+
 def with_another_line():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -290,6 +358,10 @@ SCRIPTS = {
     "evaluation": (with_evaluation, True),
     "teacher": (with_teacher_every_third_step, True),
     "accumulation": (with_accumulation_later, True),
+    "accumulation_loader": (with_accumulation_from_a_loader, True),
+    "accumulation_no_loader": (with_accumulation_without_a_loader, True),
+    "accumulation_fetching_first": (with_accumulation_fetching_first, True),
+    "accumulation_irregular": (with_accumulation_irregular, True),
     "another_line": (with_another_line, True),
     "exception": (with_exception_at(80), True),
     "autocast": (with_autocast, True),
@@ -333,10 +405,11 @@ def test_the_quiet_steps_line_is_the_encoders():
 
     enc = json.JSONEncoder(default=str, allow_nan=False)
     base = (step_line, 7, 0.00043125, 1.5e-05, 0.000123, 0.0002, 3.3e-05, 16, None, 1, 2.5e-06, 20123.4, False,
-            "train.py:41:Net", 8, 123456789012, 1.25, 0, {})
+            "train.py:41:Net", 8, 123456789012, 1.25, 0, {}, 1)
     variants = [base, base[:8] + (None, 512) + base[10:], base[:12] + (True,) + base[13:],
-                base[:17] + (3, {"run": "r-1\"x"}) , base[:6] + (-1e-7,) + base[7:],
-                base[:9] + (None,) + base[10:], base[:13] + ('a "site" é',) + base[14:]]
+                base[:17] + (3, {"run": "r-1\"x"}, 1), base[:6] + (-1e-7,) + base[7:],
+                base[:9] + (None,) + base[10:], base[:13] + ('a "site" é',) + base[14:],
+                base[:19] + (4,)]     # four micro-batches (gradient accumulation)
     for rec in variants:
         got = step_line(rec)
         assert got == enc.encode(build_step(rec)), rec

@@ -525,21 +525,29 @@ class Probe:
                 if lane.phase == 5 and id(it) == lane.it_id:
                     # the step's optimizer-step group ends at this fetch (other optimizers are alive)
                     lane.close(probe, _ns(), lane.o_end)
-                if lane.on and lane.phase == 0 and id(it) == lane.it_id:
-                    # the lane (diag.probe.lane): the step's batch and its clock values; the loader's record
-                    # counts the lane's fetches at the lane's end (Lane.settle_counts)
+                if lane.on and lane.phase < 4 and lane.phase != 2 and id(it) == lane.it_id:
+                    # the lane (diag.probe.lane): the step's batch and its clock values; gradient accumulation:
+                    # after a backward with no optimizer step, the step's next micro-batch; before a forward,
+                    # a batch fetched ahead (the Trainer fetches a step's micro-batches first); the loader's
+                    # record counts the lane's fetches at the lane's end (Lane.settle_counts)
                     probe._in_data += 1
                     t0 = _pc()
                     try:
                         batch = orig_next(it)
                     except StopIteration:
                         probe._in_data -= 1
-                        lane.off(probe)     # (at a step's boundary: nothing to hand back)
+                        if lane.phase:
+                            lane.hand_back(probe)   # a step's micro-batches, its optimizer step not run
+                        else:
+                            lane.off(probe)     # (at a step's boundary: nothing to hand back)
                         stopped(it)
                         raise
                     except BaseException:
                         probe._in_data -= 1
-                        lane.off(probe)
+                        if lane.phase:
+                            lane.hand_back(probe)
+                        else:
+                            lane.off(probe)
                         raise
                     dt = _pc() - t0
                     probe._in_data -= 1
@@ -550,6 +558,16 @@ class Probe:
                     n = _batch_samples(batch, tensor_cls)
                     if n is not None:
                         sm.last_batch_samples = n
+                    if lane.phase == 1:
+                        # fetched ahead of its forward (Lane.queue); before the step's first forward, its
+                        # wait is not the main thread's own work before it (pre_forward_s: Lane.lead)
+                        lane.queue.append((t0, dt))
+                        lane.acc = True
+                        if not lane.mbs:
+                            lane.lead += dt
+                        return batch
+                    if lane.phase:
+                        lane.push()
                     lane.t_fetch = t0
                     lane.dt_fetch = dt
                     lane.phase = 1

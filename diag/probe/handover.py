@@ -217,9 +217,16 @@ class HandOver:
         self.local_calls += 1        # priced by the probe's calibration (its estimated part)
         probe = self.probe
         lane = probe._lane
-        if lane.on and lane.phase == 1 and id(module) == lane.mid and not probe.depth and not probe.in_backward:
+        if (lane.on and (lane.phase == 1 or (lane.phase == 3 and (lane.rest or lane.queue))) and id(module) == lane.mid
+                and not probe.depth and not probe.in_backward):
             # the lane's model forward begins (diag.probe.lane): Probe.fwd_pre's outermost case, one frame
-            # and its has-parameters lookup less (the lane's model has them: it was armed on it)
+            # and its has-parameters lookup less (the lane's model has them: it was armed on it); after a
+            # backward with no optimizer step, the next micro-batch (gradient accumulation) on a batch the
+            # script built, or one fetched ahead
+            if lane.phase == 3:
+                lane.push()
+                if not lane.rest:
+                    lane.t_fetch, lane.dt_fetch = lane.queue.pop(0)
             probe.forward_start = _pc()
             probe.depth = 1
             probe._top_module = module

@@ -15,6 +15,11 @@ cost budget, :mod:`diag.probe.budget`: the steps on which the per-step extras do
 - **on**, each hook checks that what it sees is the next expected event (a fetch, the model's
   forward with the same call-site key, a loss module's forward, the backward, the optimizer's
   step) and records its clock values only (:attr:`Lane.phase` says how far the step got);
+  **gradient accumulation** is taken too: after a backward with no optimizer step, a fetch or the
+  model's forward begins the step's next micro-batch (:meth:`Lane.push`), and batches fetched ahead
+  of their forwards (the Hugging Face Trainer fetches a step's micro-batches first) wait in
+  :attr:`Lane.queue`; the close sums the micro-batches as the step machine does
+  (:meth:`Lane.accumulated`), and a step handed back is replayed in the order its events ran;
 - **the step closes** in :meth:`Lane.close`: the same ``step`` event, key for key, as the step machine
   would have built from the same clock values, and the same bookkeeping of the probe (loader,
   optimizer, call-site counts, the hand-over's boundary, the budget), with ``sampled: false``;
@@ -92,15 +97,19 @@ def _dead():
     return None
 
 
+def _first(e: tuple) -> Any:
+    return e[0]
+
+
 def step_event(idx: int, total: float, data: float, fwd: float, bwd: float, opt: float, samples: Any, tokens: Any,
-               epoch: Any, gap: float) -> dict:
+               epoch: Any, gap: float, k: int = 1) -> dict:
     """A lane step's event up to ``sampled`` (what the extensions' ``on_step_end`` gets): the keys, their
-    order and rounding of ``StepMachine.close``'s event for such a step."""
+    order and rounding of ``StepMachine.close``'s event for such a step (``k`` micro-batches)."""
     if opt < 0.0:
         opt = 0.0
     return {"index": idx, "total_s": total, "data_s": data, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt,
-            "other_s": total - data - fwd - bwd - opt, "n_forward": 1, "n_backward": 1, "samples": samples,
-            "tokens": tokens, "micro_batches": 1, "epoch": epoch, "ended_by": "optimizer", "instrumented": False,
+            "other_s": total - data - fwd - bwd - opt, "n_forward": k, "n_backward": k, "samples": samples,
+            "tokens": tokens, "micro_batches": k, "epoch": epoch, "ended_by": "optimizer", "instrumented": False,
             "extra": {"pre_forward_s": int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0}, "sampled": False}
 
 
@@ -109,8 +118,8 @@ def build_step(rec: tuple) -> dict:
     path and the full path write (``StepMachine.close``, ``Probe.step_closed``, ``Probe.write_step``), key
     for key, same rounding."""
     (_, idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap, probe_ns, window, skey, n, n0, t0, rank,
-     tags) = rec
-    ev = step_event(idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap)
+     tags, k) = rec
+    ev = step_event(idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap, k)
     ev["probe_s"] = int(probe_ns + 0.5) / 1e9
     if window:
         ev["probe_window"] = True
@@ -125,7 +134,7 @@ def build_step(rec: tuple) -> dict:
 
 # the line json.JSONEncoder writes for build_step's event (default separators; floats as repr, as it does)
 _LINE = ('{"index": %d, "total_s": %r, "data_s": %r, "forward_s": %r, "backward_s": %r, "optimizer_s": %r, '
-         '"other_s": %r, "n_forward": 1, "n_backward": 1, "samples": %s, "tokens": %s, "micro_batches": 1, '
+         '"other_s": %r, "n_forward": %d, "n_backward": %d, "samples": %s, "tokens": %s, "micro_batches": %d, '
          '"epoch": %s, "ended_by": "optimizer", "instrumented": false, "extra": {"pre_forward_s": %r}, '
          '"sampled": false, "probe_s": %r%s, "forward_counts": {%s: %d}, "kind": "' + E.STEP + '", "t": %r, '
          '"rank": %d%s}')
@@ -146,7 +155,7 @@ def step_line(rec: tuple) -> dict | str:
     encoder writes for :func:`build_step`'s event. The event itself where a value is not a plain int,
     None or finite float (the encoder's rules apply then)."""
     (_, idx, total, data, fwd, bwd, opt, samples, tokens, epoch, gap, probe_ns, window, skey, n, n0, t0, rank,
-     tags) = rec
+     tags, k) = rec
     if opt < 0.0:
         opt = 0.0
     x = total + data + fwd + bwd + opt + gap + probe_ns
@@ -154,8 +163,8 @@ def step_line(rec: tuple) -> dict | str:
             or (samples is not None and type(samples) is not int) or (tokens is not None and type(tokens) is not int)
             or (epoch is not None and type(epoch) is not int) or type(skey) is not str):
         return build_step(rec)
-    return _LINE % (idx, total, data, fwd, bwd, opt, total - data - fwd - bwd - opt,
-                    "null" if samples is None else samples, "null" if tokens is None else tokens,
+    return _LINE % (idx, total, data, fwd, bwd, opt, total - data - fwd - bwd - opt, k, k,
+                    "null" if samples is None else samples, "null" if tokens is None else tokens, k,
                     "null" if epoch is None else epoch, int(gap * 1e9 + 0.5) / 1e9 if gap > 0 else 0.0,
                     int(probe_ns + 0.5) / 1e9, ', "probe_window": true' if window else "", _fragment(skey, False), n,
                     int((n0 * 1e-9 - t0) * 1e6 + 0.5) / 1e6, rank, _fragment(tags, True))
@@ -169,7 +178,7 @@ class Lane:
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
-                 "zg_none", "bid", "bref")
+                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -189,6 +198,13 @@ class Lane:
         # trampolines, two clock reads (HandOver._local_pre / _local_post)
         self.bid = 0
         self.bref: Any = _dead
+        # gradient accumulation: the step's micro-batches before the one being taken, each as
+        # (t_fetch, dt_fetch, f_start, f_end, bare_s, samples, tokens, b_start, b_end) (push)
+        self.mbs: list = []
+        self.queue: list = []    # (t0, dt) of batches fetched ahead of their forward (the Trainer fetches a
+        #                          step's micro-batches first), taken in order by the forwards
+        self.lead = 0.0          # the wait of the batches fetched ahead before the step's first forward
+        self.acc = False         # this step has more than one fetch or forward (mbs, queue, lead in use)
         self.skey = ""
         self.site_depth = 0      # sys._getframe depth of the call site, counted from HandOver._local_post
         self.code: Any = None
@@ -246,13 +262,17 @@ class Lane:
         optimizer = opt[0]() if opt is not None and opt[0] is not None else None
         # a step with one batch from a DataLoader, or (``rest`` 1) with none and one optimizer alive (its
         # optimizer step is the step's end: a second optimizer's group would end at a fetch that never comes)
+        # (gradient accumulation: k micro-batches, each one fetch, one forward, one backward, the fetches
+        # in their micro-batch or ahead of the forwards, then the optimizer step: the lane checks the order
+        # as the steps come)
+        k = step.micro_batches
         if fetch is not None:
-            fetched = step.batches == 1 and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
+            fetched = step.batches == k and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
         else:
             fetched = step.batches == 0 and sm._alive <= 1
         plain = (model is not None and fetched and optimizer is not None and self.opt_plain
-                 and ev.get("ended_by") == "optimizer" and step.n_forward == 1 and step.n_backward == 1
-                 and not step.eval_s and not step.instrumented and step.micro_batches == 1
+                 and ev.get("ended_by") == "optimizer" and step.n_forward == k and step.n_backward == k and k >= 1
+                 and not step.eval_s and not step.instrumented
                  and len(step.group) == 1 and len(step.extra) == 1
                  and not sm.tail and not sm.tail_fwd and sm.es is None and sm.eval is None
                  and not sm.closures
@@ -274,6 +294,7 @@ class Lane:
             return
         self.mref, self.skey, depth, self.code, self.lasti, self.dev, self.acd = fwd
         self.bid, self.bref = 0, _dead
+        self.mbs, self.queue, self.lead, self.acc = [], [], 0.0, False
         self.site_depth = depth - 1     # (counted from fwd_post; the lane reads it one frame out, in _local_post)
         self.mid = id(model)
         if fetch is not None:
@@ -358,6 +379,42 @@ class Lane:
         p._handover._opts[self.opt_id] = self.ofw
         p._site_counts[self.skey] = self.n_site
 
+    def push(self) -> None:
+        """A micro-batch of the step begins (gradient accumulation: a fetch, or the model's forward on a
+        batch fetched ahead or built by the script, after the last one's backward): the last one's clock
+        values are kept."""
+        self.mbs.append((self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples,
+                         self.tokens, self.b_start, self.b_end))
+        self.phase = 1
+        self.acc = True
+
+    def accumulated(self) -> tuple:
+        """A step of k micro-batches (gradient accumulation), closing: ``(k, data, forward, backward,
+        samples, tokens, the fetch wait before its first forward, that forward's start)``, the sums in the
+        order the step machine adds them (StepMachine.fetched, training_forward, bare_forward, backward,
+        add_samples); the micro-batches and the batches fetched ahead are let go."""
+        mbs = self.mbs
+        mbs.append((self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples, self.tokens,
+                    self.b_start, self.b_end))
+        data = fwd = bwd = 0.0
+        samples, tokens = mbs[0][5], mbs[0][6]
+        for j, (_t, dt_fetch, f_start, f_end, bare_s, s_j, t_j, b_start, b_end) in enumerate(mbs):
+            data += dt_fetch
+            fwd += f_end - f_start
+            if bare_s:
+                fwd += bare_s
+            bwd += b_end - b_start
+            if j:
+                if s_j is not None:
+                    samples = (samples or 0) + s_j
+                if t_j is not None:
+                    tokens = (tokens or 0) + t_j
+        for _t, dt in self.queue:       # fetched in the step and not forwarded: its data all the same
+            data += dt
+        lead = mbs[0][1] + self.lead
+        self.mbs, self.queue, self.lead, self.acc = [], [], 0.0, False
+        return len(mbs), data, fwd, bwd, samples, tokens, lead, mbs[0][2]
+
     def hand_back(self, p) -> None:
         """Turn the lane off; the events of the step it was taking go to the step machine, in order, with
         their clock values, as the full path's hooks would have fed them."""
@@ -365,26 +422,47 @@ class Lane:
         ph, self.phase = self.phase, 0
         self.streak = 0
         self.sig = None
-        if ph <= self.rest:
+        if ph <= self.rest and not self.acc:
             return
         self.handed_back += 1
         sm = p.steps
-        if not self.rest:
-            sm.fetched(self.lid, self.t_fetch, self.dt_fetch)
-        if ph < 2:
-            return
         skey = self.skey
-        step = sm.training_forward(self.f_start, self.f_end, skey)
-        p._site_counts[skey] += 1
-        p._site_dirty.add(skey)
-        step.micro_batches += 1
-        step.sample_site = skey
-        step.samples, step.tokens = self.samples, self.tokens
-        if self.bare_s:
-            sm.bare_forward(self.bare_s, True)
-        if ph < 3:
-            return
-        sm.backward(self.b_start, self.b_end)
+        # the step's fetches, forwards and backwards, in the order they ran (their start times): one
+        # micro-batch's, or gradient accumulation's (batches fetched ahead of their forwards included)
+        evs: list = []
+        cur = (self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples, self.tokens,
+               self.b_start, self.b_end)
+        for j, m in enumerate(self.mbs + [cur]):
+            done = 3 if j < len(self.mbs) else ph     # (the current micro-batch: as far as it came)
+            if not self.rest and done >= 1:
+                evs.append((m[0], 0, m))
+            if done >= 2:
+                evs.append((m[2], 1, m))
+            if done >= 3:
+                evs.append((m[7], 2, m))
+        for t0, dt in self.queue:
+            evs.append((t0, 0, (t0, dt)))
+        self.mbs, self.queue, self.lead, self.acc = [], [], 0.0, False
+        evs.sort(key=_first)
+        first = True
+        for _t, kind, m in evs:
+            if kind == 0:
+                sm.fetched(self.lid, m[0], m[1])
+            elif kind == 1:
+                step = sm.training_forward(m[2], m[3], skey)
+                p._site_counts[skey] += 1
+                p._site_dirty.add(skey)
+                if first:
+                    step.micro_batches += 1
+                    step.sample_site = skey
+                    step.samples, step.tokens = m[5], m[6]
+                    first = False
+                else:
+                    sm.add_samples(step, skey, m[5], m[6])
+                if m[4]:
+                    sm.bare_forward(m[4], True)
+            else:
+                sm.backward(m[7], m[8])
         if ph < 4:
             return
         if ph == 4:
@@ -436,7 +514,12 @@ class Lane:
                 start = sm.last_boundary
                 closed = sm.closed_at
                 total = end - start
-                gap = self.f_start - (start if start > closed else closed) - self.dt_fetch
+                if self.acc:      # gradient accumulation: k micro-batches (k 0: one, the common case)
+                    k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
+                    gap = f0 - (start if start > closed else closed) - d0
+                else:
+                    k = 0
+                    gap = self.f_start - (start if start > closed else closed) - self.dt_fetch
                 sm.last_boundary = end
                 sm.done = idx
                 self.pend += 1          # (self.steps counts it at settle)
@@ -447,14 +530,20 @@ class Lane:
                 ho = p._handover
                 window = ho.boundary()
                 self.ofw = ho.outermost_forwards
-                n = self.n_site = self.n_site + 1
+                n = self.n_site = self.n_site + (k or 1)
                 probe_ns = self.own(p, ho, n0)
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0
-                fast[1].defer((step_line, idx, total, self.dt_fetch, self.f_end - self.f_start + self.bare_s,
-                               self.b_end - self.b_start, end - self.o_start, self.samples, self.tokens,
-                               sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2]))
+                if k:
+                    fast[1].defer((step_line, idx, total, data, fwd, bwd, end - self.o_start, samples, tokens,
+                                   sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2],
+                                   k))
+                else:
+                    fast[1].defer((step_line, idx, total, self.dt_fetch, self.f_end - self.f_start + self.bare_s,
+                                   self.b_end - self.b_start, end - self.o_start, self.samples, self.tokens,
+                                   sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2],
+                                   1))
                 if ho.discovering or ho._pending is not None:
                     self.off(p)
                     self.streak = 0
@@ -462,14 +551,20 @@ class Lane:
                 if self.pend:
                     self.settle(p)
                 start = sm.last_boundary
-                data = self.dt_fetch
-                fwd = self.f_end - self.f_start
-                if self.bare_s:
-                    fwd += self.bare_s
-                bwd = self.b_end - self.b_start
+                if self.acc:
+                    k, data, fwd, bwd, samples, tokens, first_data, first_start = self.accumulated()
+                else:
+                    k = 1
+                    data = self.dt_fetch
+                    fwd = self.f_end - self.f_start
+                    if self.bare_s:
+                        fwd += self.bare_s
+                    bwd = self.b_end - self.b_start
+                    samples, tokens = self.samples, self.tokens
+                    first_data, first_start = data, self.f_start
                 opt = end - self.o_start        # (step_event clamps it at 0)
                 total = end - start
-                gap = self.f_start - (start if start > sm.closed_at else sm.closed_at) - data
+                gap = first_start - (start if start > sm.closed_at else sm.closed_at) - first_data
                 sm.last_boundary = end
                 sm.done = idx
                 self.steps += 1
@@ -480,7 +575,7 @@ class Lane:
                 ho._opts[self.opt_id] = ho.outermost_forwards
                 counts = p._site_counts
                 skey = self.skey
-                n = counts[skey] = self.n_site = counts[skey] + 1
+                n = counts[skey] = self.n_site = counts[skey] + k
                 # the budget: a step that needs no decision waits in a list, fed with the next one that does
                 # (Budget.quiet_until: the steps before a review or a sampled step); each fed with the last
                 # step's core time, as the full path feeds it
@@ -499,7 +594,7 @@ class Lane:
                             p.emit(E.PROBE_SAMPLING, **change)
                     self.quiet = 0 if nxt else b.quiet_until()
                 # the step event, its keys in the full path's order (StepMachine.close, Probe.step_closed)
-                ev = step_event(idx, total, data, fwd, bwd, opt, self.samples, self.tokens, sm.epoch or None, gap)
+                ev = step_event(idx, total, data, fwd, bwd, opt, samples, tokens, sm.epoch or None, gap, k)
                 ext_ns = 0
                 if nxt and p._ext_live.get("on_step_end", True):
                     # the last unsampled step before a sampled one: the extensions' step end (a LANE
