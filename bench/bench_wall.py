@@ -12,6 +12,7 @@ Sides: ``bare``; ``probe``; ``probe-nolane`` (DIAG_PROBE_LANE=0: every step on t
     .venv/bin/python bench/bench_wall.py --calls 10 --steps 4000 --rounds 4
     .venv/bin/python bench/bench_wall.py --calls 100 --steps 3000 --rounds 4 --sides bare,probe,probe-nolane
     .venv/bin/python bench/bench_wall.py --calls 10 --data tensors --sides bare,probe,probe-nolane   # no DataLoader
+    .venv/bin/python bench/bench_wall.py --calls 10 --accum 4 --steps 1500   # gradient accumulation, 4 micro-batches
 """
 from __future__ import annotations
 
@@ -54,10 +55,11 @@ def run_side(side: str, args: list, tmp: str, k: int) -> tuple:
             got["p999_step_s"], got["max_step_s"])
 
 
-def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=print, data: str = "loader") -> dict:
+def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=print, data: str = "loader",
+            accum: int = 1) -> dict:
     """Alternated rounds of every side; per probe side, the added time a step (median and range over the
     rounds, against the same round's bare run) and the step events each run wrote."""
-    args = ["--calls", str(calls), "--steps", str(steps), "--warm", str(warm), "--data", data]
+    args = ["--calls", str(calls), "--steps", str(steps), "--warm", str(warm), "--data", data, "--accum", str(accum)]
     got: dict = {s: [] for s in sides}
     recorded: dict = {s: [] for s in sides}
     cpu: dict = {s: [] for s in sides}
@@ -75,7 +77,7 @@ def measure(calls: int, steps: int, warm: int, rounds: int, sides: list, log=pri
             log(f"round {r + 1}: " + ", ".join(f"{s} {row[s] * 1e6:.1f} us" for s in sides)
                 + "".join(f"; {s} {(row[s] - row['bare']) * 1e6:+.1f} us ({row[s] / row['bare'] - 1:+.1%})"
                           for s in sides[1:]))
-    summary: dict = {"calls": calls, "data": data, "steps": steps, "rounds": rounds,
+    summary: dict = {"calls": calls, "data": data, "accum": accum, "steps": steps, "rounds": rounds,
                      "bare_us": [round(x * 1e6, 1) for x in got["bare"]],
                      # the longest steps of each run (its 99.9th percentile, its longest), per round
                      "bare_tail_us": [[round(a * 1e6), round(b * 1e6)] for a, b in tail["bare"]]}
@@ -105,6 +107,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--data", choices=("loader", "tensors"), default="loader",
                     help="the loop's batches: from a DataLoader, or sliced from tensors by the loop (no DataLoader)")
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches a step (gradient accumulation: each fetched, forwarded and backpropagated)")
     ap.add_argument("--sides", default="bare,probe", help=f"comma-separated, of {', '.join(SIDES)}; bare first")
     a = ap.parse_args()
     sides = [s for s in a.sides.split(",") if s]
@@ -112,10 +116,12 @@ def main() -> int:
         print(f"bench_wall: --sides must start with bare and name at least one more of {', '.join(SIDES)}",
               file=sys.stderr)
         return 2
-    if a.steps < 2 or a.warm < 0 or a.rounds < 1:
-        print("bench_wall: --steps must be at least 2, --rounds at least 1, --warm not negative", file=sys.stderr)
+    if a.steps < 2 or a.warm < 0 or a.rounds < 1 or a.accum < 1:
+        print("bench_wall: --steps must be at least 2, --rounds and --accum at least 1, --warm not negative",
+              file=sys.stderr)
         return 2
-    summary = measure(a.calls, a.steps, a.warm, a.rounds, sides, log=lambda m: print(m, flush=True), data=a.data)
+    summary = measure(a.calls, a.steps, a.warm, a.rounds, sides, log=lambda m: print(m, flush=True), data=a.data,
+                      accum=a.accum)
     for s in sides[1:]:
         r = summary[s]
         print(f"{s}: {r['added_us_median']:+.1f} us a step median (range {r['added_us_range'][0]:+.1f}.."

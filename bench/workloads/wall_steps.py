@@ -28,6 +28,9 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=300, help="steps left out at the start")
     ap.add_argument("--data", choices=("loader", "tensors"), default="loader",
                     help="batches from a DataLoader, or sliced from two tensors by the loop itself")
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches a step (gradient accumulation: fetch, forward, backward each; then the "
+                         "optimizer step)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -35,7 +38,7 @@ def main() -> int:
     for _ in range(max(1, a.calls // 2)):
         layers += [nn.Linear(32, 32), nn.ReLU()]
     model = nn.Sequential(*layers)
-    n = (a.steps + a.warm) * 16
+    n = (a.steps + a.warm) * 16 * a.accum
     xs, ys = torch.randn(n, 32), torch.randint(0, 32, (n,))
     if a.data == "loader":
         loader = DataLoader(TensorDataset(xs, ys), batch_size=16)
@@ -44,18 +47,31 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     ends, cpu = [], []
-    for x, y in loader:
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        ends.append(time.perf_counter())
-        if len(ends) in (a.warm + 1, a.warm + a.steps):
-            cpu.append((time.thread_time(), time.process_time()))
+    if a.accum == 1:
+        for x, y in loader:
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            ends.append(time.perf_counter())
+            if len(ends) in (a.warm + 1, a.warm + a.steps):
+                cpu.append((time.thread_time(), time.process_time()))
+    else:
+        batches = iter(loader)
+        for _ in range(a.warm + a.steps):
+            opt.zero_grad()
+            for _ in range(a.accum):       # one call site for every micro-batch, as accumulation loops are written
+                x, y = next(batches)
+                loss = loss_fn(model(x), y) / a.accum
+                loss.backward()
+            opt.step()
+            ends.append(time.perf_counter())
+            if len(ends) in (a.warm + 1, a.warm + a.steps):
+                cpu.append((time.thread_time(), time.process_time()))
     timed = ends[a.warm:]
     n = len(timed) - 1
     each = sorted(b - a_ for a_, b in zip(timed, timed[1:]))
-    print(json.dumps({"calls": a.calls, "data": a.data, "steps": n, "mean_step_s": (timed[-1] - timed[0]) / n,
+    print(json.dumps({"calls": a.calls, "data": a.data, "accum": a.accum, "steps": n, "mean_step_s": (timed[-1] - timed[0]) / n,
                       "p999_step_s": each[min(n - 1, int(0.999 * n))], "max_step_s": each[-1],
                       "thread_cpu_step_s": (cpu[-1][0] - cpu[0][0]) / n,
                       "process_cpu_step_s": (cpu[-1][1] - cpu[0][1]) / n}))
