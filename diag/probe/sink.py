@@ -35,12 +35,13 @@ class FileSink:
     """One JSON object per line.
 
     Every event but the per-step and per-pass ones (:data:`DEFERRED`: ``step``, the ``append`` of an
-    extension's per-step record, a loader's ``dataloader`` record) is written (and reaches the file) before the call returns. The
-    per-step events are handed to a writer thread that encodes and writes them at most
-    :data:`FLUSH_S` later (issue 20: encoding and writing a line on the step's own thread cost ~80 µs
-    of a step, most of it cold caches after the step's work; on an H200 the memory and timeline
-    records written in place cost more than the step event did); their dicts are never changed after
-    they are emitted. Any other event, and
+    extension's per-step record, a loader's ``dataloader`` record) is written (and reaches the file)
+    before the call returns. The per-step events are handed to a writer thread that encodes and writes
+    them at most :data:`FLUSH_S` later, :data:`CHUNK` lines at a time with the GIL given back between
+    chunks (issue 20: encoding and writing a line on the step's own thread cost ~80 µs of a step, most
+    of it cold caches after the step's work; on an H200 the memory and timeline records written in
+    place cost more than the step event did); their dicts are never changed after they are emitted.
+    Any other event, and
     :meth:`close`, write the waiting step events first, so the file keeps the order of emission. A
     crash that kills the process outright (SIGKILL, ``os._exit``) loses at most the last 0.2 s of step
     events. Writes are ``os.write`` on an ``O_APPEND`` descriptor (no Python-level buffer a forked
