@@ -17,8 +17,8 @@ FLUSH_S = 0.2          # step events wait at most this long before they are writ
 # BREATHE_S (a real sleep: the GIL goes to the script's thread, which may be waiting for it since a torch
 # op released it). Encoding all of 0.2 s of a short step's lines at once held the GIL until the
 # interpreter's 5 ms switch interval forced it off: on a 0.2 ms CPU step the longest steps took 5-8 ms
-# under the probe, 0.4-0.6 ms bare. 128 lines (~0.6 ms of encoding) brought them to 1.2-2.4 ms with the
-# same mean step; 8 to 32 lines took the longest to 0.5-0.9 ms but cost 4-8 µs on every step (a GIL
+# under the probe, 0.4-0.6 ms bare. 128 lines (~0.6 ms of encoding) brought them to 1.2-1.9 ms with the
+# same mean step; 8 to 32 lines brought most of them under 1 ms but cost 4-8 µs on every step (a GIL
 # hand-over per chunk; docs/performance.md, sixteenth pass). Past BACKLOG waiting events the writer stops
 # breathing and catches up.
 CHUNK = 128
