@@ -210,6 +210,97 @@ def with_closure_later():
             opt.step(closure)
 
 
+def with_a_closure_every_step():
+    """The optimizer's closure runs the step's forward and backward (Lightning's automatic optimization):
+    the lane's closure mode. Every ninth step's closure skips its backward (a loss of None: Lightning then
+    skips it too), every 17th calls the closure a second time (an optimizer that re-evaluates, as LBFGS
+    does): both go back to the full path mid-step."""
+    model, crit = _model(), nn.CrossEntropyLoss()
+
+    class Twice(torch.optim.Optimizer):
+        # (its own step, not SGD's through super(): once any SGD exists, torch has wrapped SGD.step with
+        # the optimizer hooks too, and they would fire twice a step)
+        def __init__(self, params, lr):
+            super().__init__(params, {"lr": lr})
+            self.calls = 0
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            self.calls += 1
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+                    if self.calls % 17 == 0:
+                        loss = closure()
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-group["lr"])
+            return loss
+
+    opt = Twice(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(_loader(120)):
+        def closure():
+            loss = crit(model(x), y)
+            opt.zero_grad()
+            if i % 9 != 8:
+                loss.backward()
+            return loss
+        opt.step(closure=closure)
+
+
+def with_a_closure_that_raises():
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(_loader(100)):
+        def closure():
+            loss = crit(model(x), y)
+            if i == 70:
+                raise RuntimeError("the user's own error, inside the closure")
+            opt.zero_grad()
+            loss.backward()
+            return loss
+        opt.step(closure)
+
+
+def with_lightning():
+    """A Lightning Trainer's fit (automatic optimization: the training step in the optimizer's closure,
+    a prefetching data fetcher, a validation pass each epoch)."""
+    import logging
+
+    L = pytest.importorskip("lightning.pytorch")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+    class Boring(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val", nn.functional.cross_entropy(self(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    import tempfile
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as root:
+        trainer = L.Trainer(default_root_dir=root, max_epochs=2, limit_val_batches=2, num_sanity_val_steps=0,
+                            enable_progress_bar=False, enable_model_summary=False, logger=False,
+                            enable_checkpointing=False, accelerator="cpu", devices=1)
+        trainer.fit(Boring(), train_dataloaders=_loader(60), val_dataloaders=_loader(4, seed=1))
+
+
 class TokenLM(nn.Module):
     """A language model called the Hugging Face way: keyword arguments, integer tokens, a dict out."""
 
@@ -366,6 +457,9 @@ SCRIPTS = {
     "exception": (with_exception_at(80), True),
     "autocast": (with_autocast, True),
     "closure": (with_closure_later, True),
+    "closure_every_step": (with_a_closure_every_step, True),
+    "closure_raises": (with_a_closure_that_raises, True),
+    "lightning": (with_lightning, True),
     "tokens_keywords": (with_tokens_and_keywords, True),
     "second_optimizer": (with_a_second_optimizer_alive, True),
     "no_loader": (without_a_loader, True),

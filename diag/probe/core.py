@@ -567,10 +567,11 @@ class Probe:
                             lane.lead += dt
                         return batch
                     if lane.phase:
-                        lane.push()
+                        lane.push()          # (phase 1: the next micro-batch, in a closure too)
+                    else:
+                        lane.phase = lane.pf     # (1; 8 in the closure mode: the optimizer's step comes next)
                     lane.t_fetch = t0
                     lane.dt_fetch = dt
-                    lane.phase = 1
                     return batch
                 if lane.on:
                     lane.hand_back(probe)
@@ -1213,6 +1214,11 @@ class Probe:
                 lane.o_start = _pc()
                 lane.phase = 4
                 return None
+            if lane.phase == 8 and opt is lane.oref():
+                # the closure mode (a Lightning loop): the step's forward and backward run in the closure
+                wrapped = self._lane_closure(lane, opt, args, kwargs)
+                if wrapped is not None:
+                    return wrapped
             lane.hand_back(self)
         t0 = _ns()
         ho = self._handover
@@ -1245,6 +1251,55 @@ class Probe:
         self.own_ns += n1 - t0
         return wrapped
 
+    def _lane_closure(self, lane, opt, args, kwargs):
+        """The lane's optimizer step with a closure (its closure mode, diag.probe.lane): the step's
+        ``(args, kwargs)`` with the closure timed, as ``StepMachine.wrap_closure`` times it, and followed:
+        its entry begins the step's forward (phase 1), its exit after the backward ends it (phase 4, the
+        optimizer's start moved on by the closure's time). A second call (LBFGS re-evaluating), an
+        exit before the backward or a lane gone off goes to the full path, with the same record. None
+        when the step has no closure."""
+        closure = kwargs.get("closure") if kwargs else None
+        at = 1 if args and args[0] is opt else 0
+        positional = closure is None and len(args) > at and callable(args[at])
+        if positional:
+            closure = args[at]
+        if closure is None or not callable(closure):
+            return None
+        rec = lane.crec = [0.0, 0]
+        probe = self
+
+        def lane_closure(*a, **k):
+            if rec[1] or not lane.on or lane.phase != 6 or lane.crec is not rec:
+                if lane.on and lane.crec is rec:
+                    lane.hand_back(probe)
+                t0 = _pc()
+                rec[1] += 1
+                try:
+                    return closure(*a, **k)
+                finally:
+                    rec[0] += _pc() - t0
+            rec[1] = 1
+            lane.phase = 1
+            t0 = _pc()
+            try:
+                return closure(*a, **k)
+            finally:
+                rec[0] += _pc() - t0
+                if lane.on and lane.crec is rec:
+                    if lane.phase == 3:
+                        lane.phase = 4
+                        lane.o_start += rec[0]
+                    else:
+                        lane.hand_back(probe)
+
+        lane.o_start = lane.o_real = _pc()
+        lane.phase = 6
+        if positional:
+            return tuple(args[:at]) + (lane_closure,) + tuple(args[at + 1:]), kwargs
+        kwargs = dict(kwargs or {})
+        kwargs["closure"] = lane_closure
+        return args, kwargs
+
     def _opt_post(self, opt, args, kwargs):
         if _compiling():
             f = self._eager_opt_post
@@ -1276,6 +1331,7 @@ class Probe:
         info["steps"] += 1
         lane.optc = (self._opt_seen.get(id(opt)), info)   # (a weak reference: the lane holds no user object)
         sm = self.steps
+        lane.oclos = sm.closures.get(id(opt)) if sm.closures else None   # (the lane's closure mode: Lane.consider)
         closed = sm.done
         # the optimizer phase (less a closure's time: its forwards and backwards are in their own
         # phases) and the step's optimizer-step group, which may close the step now

@@ -20,10 +20,14 @@ cost budget, :mod:`diag.probe.budget`: the steps on which the per-step extras do
   of their forwards (the Hugging Face Trainer fetches a step's micro-batches first) wait in
   :attr:`Lane.queue`; the close sums the micro-batches as the step machine does
   (:meth:`Lane.accumulated`), and a step handed back is replayed in the order its events ran;
+  **the closure mode** takes a step whose forward and backward run in the optimizer step's closure,
+  called once (Lightning's automatic optimization): the optimizer's pre-hook wraps the closure
+  (``Probe._lane_closure``), its entry begins the forward, its exit after the backward ends it;
 - **the step closes** in :meth:`Lane.close`: the same ``step`` event, key for key, as the step machine
   would have built from the same clock values, and the same bookkeeping of the probe (loader,
   optimizer, call-site counts, the hand-over's boundary, the budget), with ``sampled: false``;
-- **anything else** (another loader, a second forward, an evaluation, a closure, ``torch.compile``,
+- **anything else** (another loader, a second forward, an evaluation, a closure where the armed step had
+  none, a second call of the closure, ``torch.compile``,
   an exception, the run's end, an extension woken) hands the step back (:meth:`Lane.hand_back`): the
   events it recorded are fed to the step machine in order, with their clock values, exactly as the
   full path would have fed them, and the full path goes on from there. It is armed again only after
@@ -178,7 +182,7 @@ class Lane:
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
-                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc")
+                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -205,6 +209,15 @@ class Lane:
         #                          step's micro-batches first), taken in order by the forwards
         self.lead = 0.0          # the wait of the batches fetched ahead before the step's first forward
         self.acc = False         # this step has more than one fetch or forward (mbs, queue, lead in use)
+        # the closure mode (a Lightning loop: the optimizer step runs the forward and the backward in its
+        # closure): a fetch leaves the phase at 8 (pf), the optimizer's pre-hook wraps the closure (phase 6),
+        # the closure's entry sets 1, its exit (after the backward) 4 and moves o_start on by the closure's
+        # time (the optimizer phase leaves it out, as the step machine's does)
+        self.cmode = False
+        self.pf = 1              # the phase a fetch leaves: 1, or 8 in the closure mode
+        self.crec: Any = None    # the closure's [time, calls] (the step machine's record once handed back)
+        self.o_real = 0.0        # the optimizer step's start (o_start less the closure's time)
+        self.oclos: Any = None   # what the full path saw: the closure's record of the step being closed
         self.skey = ""
         self.site_depth = 0      # sys._getframe depth of the call site, counted from HandOver._local_post
         self.code: Any = None
@@ -254,8 +267,8 @@ class Lane:
     def consider(self, p, step, ev: dict) -> None:
         """A step closed on the full path (``ev`` its event, complete): count it towards the streak, and
         arm the lane when the streak is long enough and the next step is unsampled."""
-        fwd, fetch, opt = self.fwd, self.fetch, self.optc
-        self.fwd = self.fetch = self.optc = None
+        fwd, fetch, opt, clos = self.fwd, self.fetch, self.optc, self.oclos
+        self.fwd = self.fetch = self.optc = self.oclos = None
         sm = p.steps
         ho = p._handover
         model = fwd[0]() if fwd is not None else None
@@ -270,7 +283,11 @@ class Lane:
             fetched = step.batches == k and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
         else:
             fetched = step.batches == 0 and sm._alive <= 1
-        plain = (model is not None and fetched and optimizer is not None and self.opt_plain
+        # (the closure mode: one micro-batch from a DataLoader, its forward and backward in the optimizer
+        # step's closure, called once, and the step closed by that optimizer alone)
+        in_closure = (not self.opt_plain and clos is not None and clos[1] == 1 and k == 1 and fetch is not None
+                      and sm._alive <= 1)
+        plain = (model is not None and fetched and optimizer is not None and (self.opt_plain or in_closure)
                  and ev.get("ended_by") == "optimizer" and step.n_forward == k and step.n_backward == k and k >= 1
                  and not step.eval_s and not step.instrumented
                  and len(step.group) == 1 and len(step.extra) == 1
@@ -295,6 +312,9 @@ class Lane:
         self.mref, self.skey, depth, self.code, self.lasti, self.dev, self.acd = fwd
         self.bid, self.bref = 0, _dead
         self.mbs, self.queue, self.lead, self.acc = [], [], 0.0, False
+        self.cmode = in_closure
+        self.pf = 8 if in_closure else 1
+        self.crec = None
         self.site_depth = depth - 1     # (counted from fwd_post; the lane reads it one frame out, in _local_post)
         self.mid = id(model)
         if fetch is not None:
@@ -432,6 +452,14 @@ class Lane:
         evs: list = []
         cur = (self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples, self.tokens,
                self.b_start, self.b_end)
+        if self.cmode and ph != 8:
+            # the closure mode, past the optimizer's pre-hook: what Probe._opt_pre did (the step opened, the
+            # closure's record the step machine's, the optimizer's start)
+            evs.append((self.o_real, 3, None))
+            if ph == 6:
+                ph = 1
+        elif ph == 8:
+            ph = 1
         for j, m in enumerate(self.mbs + [cur]):
             done = 3 if j < len(self.mbs) else ph     # (the current micro-batch: as far as it came)
             if not self.rest and done >= 1:
@@ -448,6 +476,11 @@ class Lane:
         for _t, kind, m in evs:
             if kind == 0:
                 sm.fetched(self.lid, m[0], m[1])
+            elif kind == 3:
+                sm.closures[self.opt_id] = self.crec
+                self.opt_plain = False
+                sm.begin_training(self.o_real)
+                p._opt_start[self.opt_id] = self.o_real
             elif kind == 1:
                 step = sm.training_forward(m[2], m[3], skey)
                 p._site_counts[skey] += 1
@@ -466,7 +499,7 @@ class Lane:
         if ph < 4:
             return
         if ph == 4:
-            p._opt_start[self.opt_id] = self.o_start
+            p._opt_start[self.opt_id] = self.o_real if self.cmode else self.o_start
             return
         # 5: the optimizer stepped (what Probe._opt_post does), its group still open
         self.oinfo["steps"] += 1
