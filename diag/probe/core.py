@@ -52,7 +52,7 @@ from diag.probe.budget import Budget
 from diag.probe.evalsteps import EvalWatch
 from diag.probe.lane import Lane, calibrate_entry_ns, lane_enabled, no_closure
 from diag.probe.stepmachine import Step as _Step
-from diag.probe.stepmachine import StepMachine
+from diag.probe.stepmachine import StepMachine, closure_of, with_closure
 from diag.probe.steps import batch_samples, detect_framework, install_manual_update
 from diag.probe.tensors import (TorchState, batch_size_of, first_tensor, grad_tensor, grad_tensors, on_backward,
                                 output_grad_tensors, samples_of)
@@ -1258,12 +1258,8 @@ class Probe:
         optimizer's start moved on by the closure's time). A second call (LBFGS re-evaluating), an
         exit before the backward or a lane gone off goes to the full path, with the same record. None
         when the step has no closure."""
-        closure = kwargs.get("closure") if kwargs else None
-        at = 1 if args and args[0] is opt else 0
-        positional = closure is None and len(args) > at and callable(args[at])
-        if positional:
-            closure = args[at]
-        if closure is None or not callable(closure):
+        closure, at = closure_of(opt, args, kwargs)
+        if closure is None:
             return None
         rec = lane.crec = [0.0, 0]
         probe = self
@@ -1294,11 +1290,7 @@ class Probe:
 
         lane.o_start = lane.o_real = _pc()
         lane.phase = 6
-        if positional:
-            return tuple(args[:at]) + (lane_closure,) + tuple(args[at + 1:]), kwargs
-        kwargs = dict(kwargs or {})
-        kwargs["closure"] = lane_closure
-        return args, kwargs
+        return with_closure(args, kwargs, at, lane_closure)
 
     def _opt_post(self, opt, args, kwargs):
         if _compiling():

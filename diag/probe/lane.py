@@ -49,6 +49,7 @@ from typing import Any
 
 from diag.evidence import events as E
 from diag.probe.hooks import DiagStop
+from diag.probe.stepmachine import closure_of
 
 STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
 ARM_FROM = 6          # never before this step (the probe's first steps carry its one-off work)
@@ -90,11 +91,7 @@ def calibrate_entry_ns(rounds: int = 5, calls: int = 64) -> float:
 def no_closure(opt: Any, args: tuple, kwargs: dict | None) -> bool:
     """An optimizer step's arguments (as torch hands its pre-hook) carry no closure: what
     ``StepMachine.wrap_closure`` finds nothing to time in (``step(closure=None)``, ``step(None)``)."""
-    closure = kwargs.get("closure") if kwargs else None
-    if closure is not None:
-        return not callable(closure)
-    at = 1 if args and args[0] is opt else 0
-    return not (len(args) > at and callable(args[at]))
+    return closure_of(opt, args, kwargs)[0] is None
 
 
 def _dead():

@@ -359,12 +359,8 @@ class StepMachine:
     def wrap_closure(self, key: Any, opt: Any, args: tuple, kwargs: dict | None):
         """(args, kwargs) of an optimizer step with its closure timed, or None when it has no closure.
         ``args`` is what torch hands an optimizer pre-hook: (optimizer, closure?) and the keywords."""
-        closure = kwargs.get("closure") if kwargs else None
-        at = 1 if args and args[0] is opt else 0
-        positional = closure is None and len(args) > at and callable(args[at])
-        if positional:
-            closure = args[at]
-        if closure is None or not callable(closure):
+        closure, at = closure_of(opt, args, kwargs)
+        if closure is None:
             return None
         closures = self.closures
         rec = closures[key] = [0.0, 0]
@@ -378,11 +374,7 @@ class StepMachine:
             finally:
                 rec[0] += clock() - t0
 
-        if positional:
-            return tuple(args[:at]) + (timed_closure,) + tuple(args[at + 1:]), kwargs
-        kwargs = dict(kwargs or {})
-        kwargs["closure"] = timed_closure
-        return args, kwargs
+        return with_closure(args, kwargs, at, timed_closure)
 
     def in_repeated_closure(self) -> bool:
         """Inside the second or later call of an optimizer step's closure (LBFGS re-evaluating)."""
@@ -645,4 +637,26 @@ class StepMachine:
             self.close(t, "manual" if not self.any_optimizer_step else "optimizer")
 
 
-__all__ = ["EVAL_FLOPS_STEP", "Listener", "Step", "StepMachine"]
+def closure_of(opt: Any, args: tuple, kwargs: dict | None) -> tuple[Any, int]:
+    """The closure an optimizer step's arguments carry, as torch hands them to its pre-hook ((optimizer,
+    closure?) and the keywords): ``(closure, at)``, ``at`` its position when it came positionally, -1
+    when by keyword; ``(None, -1)`` without one (``step()``, ``step(None)``, ``step(closure=None)``)."""
+    closure = kwargs.get("closure") if kwargs else None
+    if closure is not None:
+        return (closure, -1) if callable(closure) else (None, -1)
+    at = 1 if args and args[0] is opt else 0
+    if len(args) > at and callable(args[at]):
+        return args[at], at
+    return None, -1
+
+
+def with_closure(args: tuple, kwargs: dict | None, at: int, closure: Any) -> tuple:
+    """The step's ``(args, kwargs)`` with ``closure`` in the place :func:`closure_of` found the old one."""
+    if at >= 0:
+        return tuple(args[:at]) + (closure,) + tuple(args[at + 1:]), kwargs
+    kwargs = dict(kwargs or {})
+    kwargs["closure"] = closure
+    return args, kwargs
+
+
+__all__ = ["EVAL_FLOPS_STEP", "Listener", "Step", "StepMachine", "closure_of", "with_closure"]
