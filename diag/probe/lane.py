@@ -396,12 +396,17 @@ class Lane:
         p._handover._opts[self.opt_id] = self.ofw
         p._site_counts[self.skey] = self.n_site
 
+    def micro_batch(self) -> tuple:
+        """The micro-batch being taken, as :attr:`mbs` keeps one: ``(t_fetch, dt_fetch, f_start, f_end,
+        bare_s, samples, tokens, b_start, b_end)``."""
+        return (self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples, self.tokens,
+                self.b_start, self.b_end)
+
     def push(self) -> None:
         """A micro-batch of the step begins (gradient accumulation: a fetch, or the model's forward on a
         batch fetched ahead or built by the script, after the last one's backward): the last one's clock
         values are kept."""
-        self.mbs.append((self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples,
-                         self.tokens, self.b_start, self.b_end))
+        self.mbs.append(self.micro_batch())
         self.phase = 1
         self.acc = True
 
@@ -411,8 +416,7 @@ class Lane:
         order the step machine adds them (StepMachine.fetched, training_forward, bare_forward, backward,
         add_samples); the micro-batches and the batches fetched ahead are let go."""
         mbs = self.mbs
-        mbs.append((self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples, self.tokens,
-                    self.b_start, self.b_end))
+        mbs.append(self.micro_batch())
         data = fwd = bwd = 0.0
         samples, tokens = mbs[0][5], mbs[0][6]
         for j, (_t, dt_fetch, f_start, f_end, bare_s, s_j, t_j, b_start, b_end) in enumerate(mbs):
@@ -447,8 +451,7 @@ class Lane:
         # the step's fetches, forwards and backwards, in the order they ran (their start times): one
         # micro-batch's, or gradient accumulation's (batches fetched ahead of their forwards included)
         evs: list = []
-        cur = (self.t_fetch, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.samples, self.tokens,
-               self.b_start, self.b_end)
+        cur = self.micro_batch()
         if self.cmode and ph != 8:
             # the closure mode, past the optimizer's pre-hook: what Probe._opt_pre did (the step opened, the
             # closure's record the step machine's, the optimizer's start)
@@ -536,20 +539,25 @@ class Lane:
         idx = sm.done + 1
         fast = self.fast
         try:
+            # the step's parts: one micro-batch's clock values, or the sums of gradient accumulation's
+            start = sm.last_boundary
+            if self.acc:
+                k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
+            else:
+                k = 1
+                d0 = data = self.dt_fetch
+                fwd = self.f_end - self.f_start + self.bare_s
+                bwd = self.b_end - self.b_start
+                samples, tokens = self.samples, self.tokens
+                f0 = self.f_start
+            closed = sm.closed_at
+            total = end - start
+            gap = f0 - (start if start > closed else closed) - d0     # (pre_forward_s: the step machine's)
             if (idx <= self.quiet and not p._last_sampled and fast is not None and fast[1].ready
                     and fast[0] is p.sink and not p._site_dirty):
                 # a quiet step (no decision of the budget, no extension, the writer's queue open): its clock
                 # values, as a record the sink's writer thread builds the step event from (build_step: the
                 # same event, key for key); the probe's records it touches are counted at off() (settle)
-                start = sm.last_boundary
-                closed = sm.closed_at
-                total = end - start
-                if self.acc:      # gradient accumulation: k micro-batches (k 0: one, the common case)
-                    k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
-                    gap = f0 - (start if start > closed else closed) - d0
-                else:
-                    k = 0
-                    gap = self.f_start - (start if start > closed else closed) - self.dt_fetch
                 sm.last_boundary = end
                 sm.done = idx
                 self.pend += 1          # (self.steps counts it at settle)
@@ -560,41 +568,20 @@ class Lane:
                 ho = p._handover
                 window = ho.boundary()
                 self.ofw = ho.outermost_forwards
-                n = self.n_site = self.n_site + (k or 1)
+                n = self.n_site = self.n_site + k
                 probe_ns = self.own(p, ho, n0)
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0
-                if k:
-                    fast[1].defer((step_line, idx, total, data, fwd, bwd, end - self.o_start, samples, tokens,
-                                   sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2],
-                                   k))
-                else:
-                    fast[1].defer((step_line, idx, total, self.dt_fetch, self.f_end - self.f_start + self.bare_s,
-                                   self.b_end - self.b_start, end - self.o_start, self.samples, self.tokens,
-                                   sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2],
-                                   1))
+                fast[1].defer((step_line, idx, total, data, fwd, bwd, end - self.o_start, samples, tokens,
+                               sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2], k))
                 if ho.discovering or ho._pending is not None:
                     self.off(p)
                     self.streak = 0
             else:
                 if self.pend:
                     self.settle(p)
-                start = sm.last_boundary
-                if self.acc:
-                    k, data, fwd, bwd, samples, tokens, first_data, first_start = self.accumulated()
-                else:
-                    k = 1
-                    data = self.dt_fetch
-                    fwd = self.f_end - self.f_start
-                    if self.bare_s:
-                        fwd += self.bare_s
-                    bwd = self.b_end - self.b_start
-                    samples, tokens = self.samples, self.tokens
-                    first_data, first_start = data, self.f_start
                 opt = end - self.o_start        # (step_event clamps it at 0)
-                total = end - start
-                gap = first_start - (start if start > sm.closed_at else sm.closed_at) - first_data
                 sm.last_boundary = end
                 sm.done = idx
                 self.steps += 1
