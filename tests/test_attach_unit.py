@@ -109,6 +109,24 @@ def test_parse_speedscope_and_stuck(tmp_path):
     assert s["cycles"] == 0
 
 
+def test_a_wait_that_ends_is_not_stuck():
+    """A DDP rank that waits in backward's all-reduce ~99% of each step for a slower rank: the few samples
+    that catch its forward or its optimizer step show it moving (not stuck); a differing sample in no
+    training phase (a torn read) does not."""
+    frames = [{"name": "<module>", "file": "/home/u/train.py", "line": 20},
+              {"name": "Tensor.backward", "file": TORCH + "/_tensor.py", "line": 1},
+              {"name": "_engine_run_backward", "file": TORCH + "/autograd/graph.py", "line": 1},
+              {"name": "Module._call_impl", "file": TORCH + "/nn/modules/module.py", "line": 1},
+              {"name": "Net.forward", "file": "/home/u/train.py", "line": 5}]
+    wait, fwd, torn = [0, 1, 2], [0, 3, 4], [0]
+    moving = _doc(7, [wait] * 150 + [fwd] + [wait] * 249, frames)
+    s = summarise_main(parse_speedscope(moving)[7][0], rate=100)
+    assert s["stuck"] is None and s["cycles"] >= 1
+    torn_read = _doc(7, [wait] * 150 + [torn] + [wait] * 249, frames)
+    s = summarise_main(parse_speedscope(torn_read)[7][0], rate=100)
+    assert s["stuck"] is not None and s["stuck"]["phase"] == "backward"
+
+
 def test_sleeping_loop_is_not_stuck(tmp_path):
     code = tmp_path / "t.py"
     code.write_text("import time\nwhile True:\n    time.sleep(1)\n")

@@ -143,11 +143,17 @@ def summarise_main(th: ThreadSamples, rate: float) -> dict:
         # stuck: one stack in every sample (1 in 100 may differ: a torn non-blocking read), and not a
         # sleep (a loop that sleeps between short bursts of work looks the same at a low rate)
         sleeping = bool(stack) and "sleep(" in line_text(stack[-1])
-        if c >= n - n // 100 and th.stacks[0] == stack and th.stacks[-1] == stack and not sleeping:
+        # ... and not a wait that ends now and then: a sample in another training phase (a DDP rank waiting
+        # ~99% of each step in backward's all-reduce for a slower rank, its forward and optimizer step in
+        # the rest) is the thread moving, not a torn read (a rank at a 0.2 s straggler's pace was
+        # "stuck" in 4-s windows whenever the 100 Hz samples caught its forward fewer than 5 times)
+        top = classify(list(stack))
+        moved = c < n and any(ph != top and ph in TRAINING_PHASES for s2, ph in zip(th.stacks, phases) if s2 != stack)
+        if c >= n - n // 100 and th.stacks[0] == stack and th.stacks[-1] == stack and not sleeping and not moved:
             u = user_line(list(stack))
             leaf = stack[-1] if stack else None
             stuck = {"samples": c, "share": round(c / n, 4), "seconds_at_least": round(n / rate, 1) if rate else None,
-                     "where": _loc(u), "innermost": _loc(leaf), "phase": classify(list(stack)),
+                     "where": _loc(u), "innermost": _loc(leaf), "phase": top,
                      "waits_on": _what_waits(stack),
                      "stack": [f.to_dict() for f in stack[-12:]]}
     ddp = any("/torch/nn/parallel/distributed.py" in f.file for s in th.stacks for f in s)
