@@ -105,7 +105,7 @@ def _unjudged(ev, r, main: dict) -> str | None:
        tags=["run", "attach"], docs=DOCS, sources=["attach"])
 def run_hung(ctx):
     """The main thread of a sampled process showed the same stack for the whole window (every sample,
-    1 in 100 excepted; not a ``sleep``): the job is stuck there (a lock, a blocking
+    1 in 100 excepted unless it shows another training phase; not a ``sleep``): the job is stuck there (a lock, a blocking
     queue get, a collective that another rank never joins). Error, with the line, what it waits on
     and for how long at least. Warning when the stack moved but no step-like cycle (data -> forward ->
     backward -> optimizer and back) was seen in the window."""
