@@ -52,7 +52,7 @@ from diag.probe.budget import Budget
 from diag.probe.evalsteps import EvalWatch
 from diag.probe.lane import Lane, calibrate_entry_ns, lane_enabled, no_closure
 from diag.probe.stepmachine import Step as _Step
-from diag.probe.stepmachine import StepMachine, closure_of, with_closure
+from diag.probe.stepmachine import StepMachine, closure_of, timed_closure, with_closure
 from diag.probe.steps import batch_samples, detect_framework, install_manual_update
 from diag.probe.tensors import (TorchState, batch_size_of, first_tensor, grad_tensor, grad_tensors, on_backward,
                                 output_grad_tensors, samples_of)
@@ -1262,18 +1262,14 @@ class Probe:
         if closure is None:
             return None
         rec = lane.crec = [0.0, 0]
+        full = timed_closure(closure, rec, _pc)     # (the full path's, on the same record)
         probe = self
 
         def lane_closure(*a, **k):
             if rec[1] or not lane.on or lane.phase != 6 or lane.crec is not rec:
                 if lane.on and lane.crec is rec:
                     lane.hand_back(probe)
-                t0 = _pc()
-                rec[1] += 1
-                try:
-                    return closure(*a, **k)
-                finally:
-                    rec[0] += _pc() - t0
+                return full(*a, **k)
             rec[1] = 1
             lane.phase = 1
             t0 = _pc()

@@ -362,19 +362,8 @@ class StepMachine:
         closure, at = closure_of(opt, args, kwargs)
         if closure is None:
             return None
-        closures = self.closures
-        rec = closures[key] = [0.0, 0]
-        clock = self.clock
-
-        def timed_closure(*a, **k):
-            t0 = clock()
-            rec[1] += 1
-            try:
-                return closure(*a, **k)
-            finally:
-                rec[0] += clock() - t0
-
-        return with_closure(args, kwargs, at, timed_closure)
+        rec = self.closures[key] = [0.0, 0]
+        return with_closure(args, kwargs, at, timed_closure(closure, rec, self.clock))
 
     def in_repeated_closure(self) -> bool:
         """Inside the second or later call of an optimizer step's closure (LBFGS re-evaluating)."""
@@ -650,6 +639,21 @@ def closure_of(opt: Any, args: tuple, kwargs: dict | None) -> tuple[Any, int]:
     return None, -1
 
 
+def timed_closure(closure: Any, rec: list, clock: Any) -> Any:
+    """``closure`` timed into ``rec``, an optimizer step's closure record ``[seconds, calls]`` (the step
+    machine's :attr:`StepMachine.closures`: the optimizer phase leaves the closure's time out, and a second
+    call is a closure re-evaluated)."""
+    def timed(*a, **k):
+        t0 = clock()
+        rec[1] += 1
+        try:
+            return closure(*a, **k)
+        finally:
+            rec[0] += clock() - t0
+
+    return timed
+
+
 def with_closure(args: tuple, kwargs: dict | None, at: int, closure: Any) -> tuple:
     """The step's ``(args, kwargs)`` with ``closure`` in the place :func:`closure_of` found the old one."""
     if at >= 0:
@@ -659,4 +663,4 @@ def with_closure(args: tuple, kwargs: dict | None, at: int, closure: Any) -> tup
     return args, kwargs
 
 
-__all__ = ["EVAL_FLOPS_STEP", "Listener", "Step", "StepMachine", "closure_of", "with_closure"]
+__all__ = ["EVAL_FLOPS_STEP", "Listener", "Step", "StepMachine", "closure_of", "timed_closure", "with_closure"]
