@@ -89,6 +89,29 @@ def test_the_core_alone_over_the_budget_puts_the_extras_at_the_floor():
     assert "alone" in b.changes[-1]["reason"]
 
 
+def test_the_core_is_priced_with_what_its_timers_miss():
+    # the 101-call CPU step of bench_depth: 1.4 ms, the probe's timers see 8 µs of core, a sampled step
+    # brings 150 µs of extras. As fed (core_unseen 1), 6 µs of room: 1 in 32. Priced as the probe prices
+    # it (CORE_UNSEEN, 3x: the core measured 3.3-3.7x its timers), the core alone is over the 14 µs
+    # budget: the floor. Both record the figure the timers gave and the priced one.
+    as_fed = B.Budget()
+    _feed(as_fed, 400, 0.0014, 8e-6, 150e-6)
+    assert as_fed.period == 32 and as_fed.changes[-1]["core_s"] == pytest.approx(8e-6)
+    priced = B.Budget(core_unseen=B.CORE_UNSEEN)
+    _feed(priced, 400, 0.0014, 8e-6, 150e-6)
+    assert B.CORE_UNSEEN >= 3.0 and priced.period == B.FLOOR
+    ch = priced.changes[-1]
+    assert ch["core_s"] == pytest.approx(8e-6 * B.CORE_UNSEEN) and ch["core_timed_s"] == pytest.approx(8e-6)
+    assert "alone" in ch["reason"] and f"{B.CORE_UNSEEN:g}x the 8 µs its timers saw" in ch["reason"]
+    # a long step has room for both: the factor changes nothing there (every step sampled)
+    long = B.Budget(core_unseen=B.CORE_UNSEEN)
+    _feed(long, 300, 0.100, 100e-6, 300e-6)     # (300 µs of core, priced: 700 of room for 2x 300 of extras)
+    assert long.period == 1 and long.changes == []
+    # the probe builds its budget with the factor (from_env passes it on); a factor under 1 is 1
+    assert B.Budget.from_env({}, core_unseen=B.CORE_UNSEEN).core_unseen == B.CORE_UNSEEN
+    assert B.Budget(core_unseen=0.5).core_unseen == 1.0
+
+
 def test_the_pattern_is_deterministic_and_reproducible():
     runs = [_feed(B.Budget(), 1000, 0.005, 30e-6, 200e-6) for _ in range(2)]
     assert runs[0] == runs[1]

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from diag.evidence import events as E  # noqa: E402
-from diag.probe.budget import FIRST  # noqa: E402
+from diag.probe.budget import CORE_UNSEEN, FIRST  # noqa: E402
 from diag.probe.core import Probe  # noqa: E402
 
 
@@ -100,6 +100,8 @@ def test_costly_extras_are_sampled_and_every_step_is_still_recorded(monkeypatch)
     changes = [e for e in events if e["kind"] == E.PROBE_SAMPLING]
     assert changes and changes[0]["period"] > 1 and changes[0]["budget"] == pytest.approx(0.01)
     assert "step" in changes[0]["reason"]
+    # the core priced as the probe prices it: CORE_UNSEEN times what its timers saw (both recorded)
+    assert changes[0]["core_s"] == pytest.approx(CORE_UNSEEN * changes[0]["core_timed_s"], rel=1e-3, abs=1e-8)
     # the pattern is evenly spread: a constant period between sampled steps after the first ones
     later = [i for i in sampled if i > changes[-1]["step"]]
     gaps = {b - a for a, b in zip(later, later[1:])}

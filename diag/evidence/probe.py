@@ -29,7 +29,7 @@ class ProbeSection(Section):
     hooked_modules: int | None = None       # modules carrying the probe's own hooks at the end
     writer_s: float | None = None           # CPU time of the event writer's thread (encoding and writing step events off the step's thread; not in own_s) (s)
     writer_steps: int | None = None         # steps the run had when writer_s was read
-    sampling: dict[str, Any] | None = None  # the cost budget's sampling of per-step extras (diag.probe.budget): budget (share of the median step; 0: off), period (the probe's extras ran on 1 step in period), rate (1/period), first (steps always sampled at the start), floor (the longest period), steps and sampled (steps fed to the budget, and sampled, at the end), changes [{step, period, step_s, core_s, extras_s, reason}] (the newest 100)
+    sampling: dict[str, Any] | None = None  # the cost budget's sampling of per-step extras (diag.probe.budget): budget (share of the median step; 0: off), period (the probe's extras ran on 1 step in period), rate (1/period), first (steps always sampled at the start), floor (the longest period), steps and sampled (steps fed to the budget, and sampled, at the end), changes [{step, period, step_s, core_s (the core as the budget priced it), core_timed_s (as the probe's timers saw it), extras_s, reason}] (the newest 100)
 
 
 WARN_SHARE = 0.02     # above this the probe's own time may move verdicts that turn on a few percent
@@ -214,7 +214,7 @@ def fold_sampling(section: ProbeSection, data: dict) -> None:
     cur["period"] = period
     cur["rate"] = 1.0 / period
     changes = list(cur.get("changes") or [])
-    changes.append({k: data[k] for k in ("step", "period", "step_s", "core_s", "extras_s", "reason") if k in data})
+    changes.append({k: data[k] for k in ("step", "period", "step_s", "core_s", "core_timed_s", "extras_s", "reason") if k in data})
     cur["changes"] = changes[-MAX_SAMPLING_CHANGES:]
     section.sampling = cur
 

@@ -48,7 +48,7 @@ from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, fi
                                wrappers_of)
 from diag.probe.sink import FileSink
 from diag.probe import children
-from diag.probe.budget import Budget
+from diag.probe.budget import CORE_UNSEEN, Budget
 from diag.probe.evalsteps import EvalWatch
 from diag.probe.lane import Lane, calibrate_entry_ns, lane_enabled, no_closure
 from diag.probe.stepmachine import Step as _Step
@@ -1577,7 +1577,7 @@ class Probe:
                 self.sampled = True
             return
         if self._budget is None:
-            b = Budget.from_env()
+            b = Budget.from_env(core_unseen=CORE_UNSEEN)
             if b.error:
                 self.report_error("budget", ValueError(b.error))
             if b.on:
