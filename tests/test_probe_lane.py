@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 
 import pytest
 
@@ -218,8 +219,7 @@ def with_a_closure_every_step():
     model, crit = _model(), nn.CrossEntropyLoss()
 
     class Twice(torch.optim.Optimizer):
-        # (its own step, not SGD's through super(): once any SGD exists, torch has wrapped SGD.step with
-        # the optimizer hooks too, and they would fire twice a step)
+        # (its own step, not SGD's through super(): that nesting is subclass_super_step's script)
         def __init__(self, params, lr):
             super().__init__(params, {"lr": lr})
             self.calls = 0
@@ -344,6 +344,76 @@ def with_a_second_optimizer_alive():
     del spare
 
 
+class _ClippedSGD(torch.optim.SGD):
+    """An SGD subclass whose step() clips, then calls super().step(): once a plain SGD exists, torch has
+    wrapped both classes' step() with the optimizer hooks, and they fire at each level (hooks.inside_step)."""
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            nn.utils.clip_grad_norm_(group["params"], 1.0)
+        return super().step(closure)
+
+
+def with_a_subclass_calling_super_step():
+    """The optimizer hooks fire twice a step, nested: the outer call is the step, on the lane too."""
+    model, crit = _model(), nn.CrossEntropyLoss()
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)     # SGD.step wrapped by torch
+    opt = _ClippedSGD(model.parameters(), lr=0.1)
+    for _epoch in range(2):
+        for x, y in _loader(60):
+            opt.zero_grad()
+            crit(model(x), y).backward()
+            opt.step()
+
+
+def with_a_subclass_calling_super_step_with_a_closure():
+    """The same in the closure mode (the step's forward and backward in the closure the inner call runs)."""
+    model, crit = _model(), nn.CrossEntropyLoss()
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    opt = _ClippedSGD(model.parameters(), lr=0.1)
+    for x, y in _loader(120):
+        def closure():
+            loss = crit(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            return loss
+        opt.step(closure)
+
+
+def with_a_subclass_whose_inner_step_raises():
+    """Every 25th step the inner step (the parent class's, through super()) raises before its post-hook,
+    and the script catches it: the next step's hooks are not taken as nested in a step that is over."""
+    class Base(torch.optim.Optimizer):
+        def __init__(self, params, lr):
+            super().__init__(params, {"lr": lr})
+            self.calls = 0
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            self.calls += 1
+            if self.calls % 25 == 0:
+                raise FloatingPointError("a step the script skips")
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-group["lr"])
+
+    class Sub(Base):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    model, crit = _model(), nn.CrossEntropyLoss()
+    Base([torch.zeros(1, requires_grad=True)], lr=0.1)
+    opt = Sub(model.parameters(), lr=0.1)
+    for x, y in _loader(120):
+        opt.zero_grad()
+        crit(model(x), y).backward()
+        try:
+            opt.step()
+        except FloatingPointError:
+            pass
+
+
 def _built_batches(n: int):
     """Batches the script builds itself, no DataLoader (nanoGPT's get_batch, word_language_model)."""
     g = torch.Generator().manual_seed(0)
@@ -464,6 +534,9 @@ SCRIPTS = {
     "second_optimizer": (with_a_second_optimizer_alive, True),
     "no_loader": (without_a_loader, True),
     "no_loader_then_loader": (without_a_loader_then_with_one, True),
+    "subclass_super_step": (with_a_subclass_calling_super_step, True),
+    "subclass_super_step_closure": (with_a_subclass_calling_super_step_with_a_closure, True),
+    "subclass_inner_step_raises": (with_a_subclass_whose_inner_step_raises, True),
 }
 
 
@@ -705,3 +778,35 @@ def test_the_loss_module_rides_the_lane(monkeypatch):
     seen.clear()
     events0, _ = _run(plain, monkeypatch, lane=False)
     assert seen["CrossEntropyLoss"] == len([e for e in events0 if e["kind"] == "step"])
+
+
+@pytest.mark.parametrize("lane", [True, False])
+def test_a_step_inside_the_optimizers_step_is_one_step(lane, monkeypatch):
+    """A subclass's step() that works for 1 ms, then calls super().step() (torch fires the step hooks at
+    both levels): one optimizer step a step, the optimizer phase the outer call's (the 1 ms in it), and no
+    discovery window for "a step no known forward fed" (a window a step, blaming the script, before)."""
+    class Slow(_ClippedSGD):
+        def step(self, closure=None):
+            end = time.perf_counter() + 0.001
+            while time.perf_counter() < end:
+                pass
+            return super().step(closure)
+
+    def script():
+        model, crit = _model(), nn.CrossEntropyLoss()
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        opt = Slow(model.parameters(), lr=0.1)
+        for x, y in _loader(80):
+            opt.zero_grad()
+            crit(model(x), y).backward()
+            opt.step()
+
+    events, probe = _run(script, monkeypatch, lane=lane)
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 80 and all(s["ended_by"] == "optimizer" for s in steps)
+    assert all(s["optimizer_s"] >= 0.001 for s in steps[1:]), [s["optimizer_s"] for s in steps]
+    opt = [e for e in events if e["kind"] == "optimizer" and e["cls"] == "Slow"]
+    assert opt and opt[-1]["steps"] == 80
+    reasons = [r for _, r in probe._handover.windows]
+    assert "a step no known forward fed" not in reasons, reasons
+    assert (probe._lane.steps > 40) is lane

@@ -41,7 +41,7 @@ from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_li
                                set_user_script, user_frame)
 from diag.probe import marks
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
-from diag.probe.hooks import (DiagStop, OptimizerCensus, Patches, _never, compiling_check, optimizer_alive,
+from diag.probe.hooks import (DiagStop, OptimizerCensus, Patches, _never, compiling_check, inside_step, optimizer_alive,
                               remove_hooks, run_eagerly)
 from diag.probe.quiet import silence_hook_warnings
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
@@ -111,6 +111,7 @@ class Probe:
         self.in_backward = False
         self._bwd_start = 0.0
         self._opt_start: dict[int, float] = {}
+        self._opt_inner: dict[int, int] = {}    # id(optimizer) -> its steps running inside its step (_opt_pre)
         self._models: dict[int, int] = {}        # id(module) -> model id
         self._model_device: dict[int, str] = {}  # model id -> device type of its first parameter
         self._model_refs: dict[int, Any] = {}    # model id -> weakref
@@ -341,6 +342,7 @@ class Probe:
             for o in list(self._opt_start):
                 if o not in self._optimizers:
                     self._opt_start.pop(o, None)
+                    self._opt_inner.pop(o, None)
 
     def module_has_parameters(self, module) -> bool:
         """``has_parameters(module)``, cached per module (asked on every outermost forward; a module
@@ -804,6 +806,7 @@ class Probe:
         self._in_data = 0
         self.in_backward = False
         self._opt_start = {}
+        self._opt_inner = {}
         self._top_module = None
         self._seek_model = False
         self.max_steps = None
@@ -1207,6 +1210,11 @@ class Probe:
             return None
         lane = self._lane
         if lane.on:
+            if (lane.phase == 4 or lane.phase == 6) and opt is lane.oref():
+                # the lane's optimizer step, inside itself: a subclass's step() calling super().step() (torch
+                # fires the step hooks at each class's level: hooks.inside_step): the outer call is the step
+                lane.onest += 1
+                return None
             # the lane's optimizer step (diag.probe.lane): its own, without a closure (torch hands the hook
             # (optimizer,) and step()'s arguments; plain `opt.step()` first)
             if (lane.phase == 3 and ((not kwargs and len(args) == 1 and args[0] is opt) or no_closure(opt, args, kwargs))
@@ -1220,6 +1228,13 @@ class Probe:
                 if wrapped is not None:
                     return wrapped
             lane.hand_back(self)
+        if self._opt_start and id(opt) in self._opt_start:
+            if inside_step(opt):
+                # the same optimizer's step inside its step (a subclass's step() calling super().step()):
+                # the outer call is the step; its inner hooks are left out, the post-hook's too
+                self._opt_inner[id(opt)] = self._opt_inner.get(id(opt), 0) + 1
+                return None
+            self._opt_inner.pop(id(opt), None)      # (an earlier step raised inside: nothing is nested now)
         t0 = _ns()
         ho = self._handover
         if ho is not None and id(opt) not in ho._opts:
@@ -1298,6 +1313,9 @@ class Probe:
         lane = self._lane
         if lane.on:
             if lane.phase == 4 and opt is lane.oref():
+                if lane.onest:
+                    lane.onest -= 1     # (the post-hook of a step inside the step: _opt_pre)
+                    return None
                 if lane.alive > 1:
                     # other optimizers are alive: the group (and the step) ends at the next fetch
                     lane.o_end, lane.phase = t0 * 1e-9, 5
@@ -1306,6 +1324,15 @@ class Probe:
                     return None    # the lane's step closed (diag.probe.lane)
             if lane.on:
                 lane.hand_back(self)
+        if self._opt_inner:
+            k = self._opt_inner.get(id(opt))
+            if k:
+                # the post-hook of the optimizer's step inside its step (_opt_pre): the outer one ends it
+                if k > 1:
+                    self._opt_inner[id(opt)] = k - 1
+                else:
+                    del self._opt_inner[id(opt)]
+                return None
         end = t0 * 1e-9      # (perf_counter's clock)
         ho = self._handover
         if ho is not None and ho.active:   # HandOver._opt_post, inlined (per step; the probe is live here)

@@ -233,3 +233,49 @@ def live_optimizers() -> int:
         return sum(1 for o in gc.get_objects() if issubclass(type(o), cls))
     except Exception:
         return 0
+
+
+_STEP_WRAPPER: list = []    # [the code object of torch's hooked optimizer step() wrapper, or None]
+
+
+def _step_wrapper_code() -> Any:
+    if not _STEP_WRAPPER:
+        code = None
+        try:
+            from torch.optim.optimizer import Optimizer
+
+            code = Optimizer.profile_hook_step(_never).__code__
+        except Exception:
+            pass
+        _STEP_WRAPPER.append(code)
+    return _STEP_WRAPPER[0]
+
+
+def inside_step(opt: Any) -> bool:
+    """Is ``opt``'s ``step()`` already running further out on this thread's stack? torch wraps each
+    optimizer class's own ``step`` to call the step hooks (``Optimizer.profile_hook_step``, at the
+    class's first instance), so a subclass whose ``step()`` calls ``super().step()`` fires them twice
+    per step once its parent class has had an instance of its own. Called by a step pre-hook (from the
+    innermost wrapper) only when the same optimizer's pre-hook already ran without its post-hook: two
+    of torch's wrapper frames with ``opt`` as their ``self`` mean a nested call; one means the earlier
+    step raised before its post-hook. Where the wrapper is not found (another torch), a pending
+    pre-hook is taken as nested."""
+    import sys
+
+    code = _step_wrapper_code()
+    if code is None:
+        return True
+    f = sys._getframe(1)
+    seen = 0
+    while f is not None:
+        if f.f_code is code:
+            try:
+                own = f.f_locals.get("self")
+            except Exception:
+                own = None
+            if own is opt:
+                seen += 1
+                if seen >= 2:
+                    return True
+        f = f.f_back
+    return False

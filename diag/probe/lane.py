@@ -179,7 +179,7 @@ class Lane:
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
-                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos")
+                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -215,6 +215,8 @@ class Lane:
         self.crec: Any = None    # the closure's [time, calls] (the step machine's record once handed back)
         self.o_real = 0.0        # the optimizer step's start (o_start less the closure's time)
         self.oclos: Any = None   # what the full path saw: the closure's record of the step being closed
+        self.onest = 0           # the optimizer's steps running inside its step (a subclass's step() calling
+        #                          super().step(): torch fires the step hooks at each level), their hooks left out
         self.skey = ""
         self.site_depth = 0      # sys._getframe depth of the call site, counted from HandOver._local_post
         self.code: Any = None
@@ -312,6 +314,7 @@ class Lane:
         self.cmode = in_closure
         self.pf = 8 if in_closure else 1
         self.crec = None
+        self.onest = 0
         self.site_depth = depth - 1     # (counted from fwd_post; the lane reads it one frame out, in _local_post)
         self.mid = id(model)
         if fetch is not None:
@@ -443,6 +446,10 @@ class Lane:
         ph, self.phase = self.phase, 0
         self.streak = 0
         self.sig = None
+        if self.onest:
+            # inside a step inside the optimizer's step: the full path leaves its post-hook out too
+            p._opt_inner[self.opt_id] = self.onest
+            self.onest = 0
         if ph <= self.rest and not self.acc:
             return
         self.handed_back += 1
