@@ -651,7 +651,8 @@ class Probe:
                 lane.zg_n += 1
                 lane.zg_ns += n0 - t0
                 lane.zg_none = set_to_none
-            elif not probe._forked and probe.active:
+                return out      # (untimed: priced as one of the lane's hook entries, lane.ENTRIES)
+            if not probe._forked and probe.active:
                 try:   # zero_grad's record, here in the wrapper (per step: issue 28)
                     info = optimizers.get(id(opt)) or probe.optimizer_info(opt)
                     info["zero_grad_calls"] += 1

@@ -54,7 +54,8 @@ from diag.probe.stepmachine import closure_of
 STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
 ARM_FROM = 6          # never before this step (the probe's first steps carry its one-off work)
 CORES = 16            # the lane steps whose median probe time is the budget's core (Lane.core_ns)
-ENTRIES = 4           # the lane's hook entries a step priced by the calibration (fetch, forward, backward, optimizer)
+ENTRIES = 5           # the lane's hook entries a step priced by the calibration (fetch, zero_grad, forward, backward,
+#                       optimizer)
 # the extension hooks that run during a step (a step's end included): each live one must be LANE
 # (not on_optimizer: it runs at an optimizer's first step, which the lane never takes)
 PER_STEP = ("on_data", "on_forward_start", "on_forward", "on_step_start", "on_step_end", "on_optimizer_step",
@@ -573,10 +574,29 @@ class Lane:
                 self.q_tot.append(total)
                 self.q_core.append(p._last_core_s)
                 ho = p._handover
-                window = ho.boundary()
+                # HandOver.boundary's common case, here: no window was open in the step, none opens now
+                s = ho.steps + 1
+                if ho.step_in_window or ho.discovering or s >= ho.next_periodic:
+                    window = ho.boundary()
+                else:
+                    ho.steps = s
+                    window = False
                 self.ofw = ho.outermost_forwards
                 n = self.n_site = self.n_site + k
-                probe_ns = self.own(p, ho, n0)
+                # the probe's time in the step (Lane.own, here: a quiet step is most steps of a long run)
+                own = p.own_ns + (_ns() - n0)
+                probe_ns = own - p._own_mark
+                p._own_mark = own
+                w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
+                marks = p._est_marks
+                if marks[0] == w1 and marks[2] == b1:
+                    est = (h1 - marks[1]) * p.hooked_call_ns + ENTRIES * self.entry_ns
+                else:
+                    est = ((w1 - marks[0]) * p.slow_path_ns + (h1 - marks[1]) * p.hooked_call_ns
+                           + (b1 - marks[2]) * p.autograd_hook_ns + ENTRIES * self.entry_ns)
+                p._est_marks = (w1, h1, b1)
+                p._est_ns += est
+                probe_ns += est
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0
