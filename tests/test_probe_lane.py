@@ -250,6 +250,40 @@ def with_a_closure_every_step():
         opt.step(closure=closure)
 
 
+
+def with_a_closure_accumulating():
+    """Lightning's gradient accumulation without Lightning: a step of three micro-batches, the first two
+    running the closure themselves (a forward and a backward outside the optimizer), the third through
+    the optimizer's step(closure): the lane's closure mode with micro-batches. Off the pattern now and
+    then: every 11th step's first micro-batch skips its backward, every 13th calls the optimizer with a
+    closure after a backward already run outside it, and the epoch's last micro-batches never reach an
+    optimizer step (the next epoch begins after a backward, from a new iterator)."""
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _epoch in range(2):
+        for i, (x, y) in enumerate(_loader(200)):
+            step, j = divmod(i, 3)
+
+            def closure(x=x, y=y, skip=(j == 0 and step % 11 == 10)):
+                loss = crit(model(x), y) / 3
+                if j == 0:
+                    opt.zero_grad()
+                if not skip:
+                    loss.backward()
+                return loss
+            if j < 2:
+                closure()
+                if j == 1 and step % 13 == 12:
+                    opt.step(closure)       # (the step's micro-batches end early: two outside, one inside)
+            else:
+                opt.step(closure)
+
+
+def with_lightning_accumulating():
+    """A Lightning Trainer's fit with accumulate_grad_batches=3 (the closure run by the loop for the first
+    two micro-batches, by the optimizer's step for the third), a validation pass each epoch."""
+    _fit_boring(accumulate_grad_batches=3, batches=150)
+
 def with_a_closure_that_raises():
     model, crit = _model(), nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -267,6 +301,10 @@ def with_a_closure_that_raises():
 def with_lightning():
     """A Lightning Trainer's fit (automatic optimization: the training step in the optimizer's closure,
     a prefetching data fetcher, a validation pass each epoch)."""
+    _fit_boring()
+
+
+def _fit_boring(accumulate_grad_batches: int = 1, batches: int = 60):
     import logging
 
     L = pytest.importorskip("lightning.pytorch")
@@ -297,8 +335,9 @@ def with_lightning():
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(default_root_dir=root, max_epochs=2, limit_val_batches=2, num_sanity_val_steps=0,
                             enable_progress_bar=False, enable_model_summary=False, logger=False,
-                            enable_checkpointing=False, accelerator="cpu", devices=1)
-        trainer.fit(Boring(), train_dataloaders=_loader(60), val_dataloaders=_loader(4, seed=1))
+                            enable_checkpointing=False, accelerator="cpu", devices=1,
+                            accumulate_grad_batches=accumulate_grad_batches)
+        trainer.fit(Boring(), train_dataloaders=_loader(batches), val_dataloaders=_loader(4, seed=1))
 
 
 class TokenLM(nn.Module):
@@ -530,6 +569,8 @@ SCRIPTS = {
     "closure_every_step": (with_a_closure_every_step, True),
     "closure_raises": (with_a_closure_that_raises, True),
     "lightning": (with_lightning, True),
+    "closure_accumulating": (with_a_closure_accumulating, True),
+    "lightning_accumulating": (with_lightning_accumulating, True),
     "tokens_keywords": (with_tokens_and_keywords, True),
     "second_optimizer": (with_a_second_optimizer_alive, True),
     "no_loader": (without_a_loader, True),

@@ -1223,8 +1223,9 @@ class Probe:
                 lane.o_start = _pc()
                 lane.phase = 4
                 return None
-            if lane.phase == 8 and opt is lane.oref():
-                # the closure mode (a Lightning loop): the step's forward and backward run in the closure
+            if (lane.phase == 8 or (lane.phase == 1 and lane.cmode and lane.acc)) and opt is lane.oref():
+                # the closure mode (a Lightning loop): the step's forward and backward run in the closure (the
+                # last micro-batch's, with gradient accumulation: its batch fetched, phase 1)
                 wrapped = self._lane_closure(lane, opt, args, kwargs)
                 if wrapped is not None:
                     return wrapped
@@ -1302,6 +1303,7 @@ class Probe:
 
         lane.o_start = lane.o_real = _pc()
         lane.phase = 6
+        lane.inclos = True
         return with_closure(args, kwargs, at, lane_closure)
 
     def _opt_post(self, opt, args, kwargs):

@@ -217,8 +217,8 @@ class HandOver:
         self.local_calls += 1        # priced by the probe's calibration (its estimated part)
         probe = self.probe
         lane = probe._lane
-        if (lane.on and (lane.phase == 1 or (lane.phase == 3 and (lane.rest or lane.queue))) and id(module) == lane.mid
-                and not probe.depth and not probe.in_backward):
+        if (lane.on and (lane.phase == 1 or (lane.phase == 3 and (lane.rest or lane.queue)) or lane.phase == 8)
+                and id(module) == lane.mid and not probe.depth and not probe.in_backward):
             # the lane's model forward begins (diag.probe.lane): Probe.fwd_pre's outermost case, one frame
             # and its has-parameters lookup less (the lane's model has them: it was armed on it); after a
             # backward with no optimizer step, the next micro-batch (gradient accumulation) on a batch the
@@ -227,6 +227,11 @@ class HandOver:
                 lane.push()
                 if not lane.rest:
                     lane.t_fetch, lane.dt_fetch = lane.queue.pop(0)
+            elif lane.phase == 8:
+                # the closure mode, a forward before the optimizer's step: a micro-batch run outside the
+                # closure (Lightning's gradient accumulation calls the closure itself); the step's last one
+                # runs inside it (Probe._opt_pre at phase 1)
+                lane.phase = 1
             probe.forward_start = _pc()
             probe.depth = 1
             probe._top_module = module

@@ -22,7 +22,10 @@ cost budget, :mod:`diag.probe.budget`: the steps on which the per-step extras do
   (:meth:`Lane.accumulated`), and a step handed back is replayed in the order its events ran;
   **the closure mode** takes a step whose forward and backward run in the optimizer step's closure,
   called once (Lightning's automatic optimization): the optimizer's pre-hook wraps the closure
-  (``Probe._lane_closure``), its entry begins the forward, its exit after the backward ends it;
+  (``Probe._lane_closure``), its entry begins the forward, its exit after the backward ends it; with
+  gradient accumulation (Lightning's ``accumulate_grad_batches`` calls the closure itself for the step's
+  first micro-batches) a model forward after the fetch runs a micro-batch outside the closure, and the
+  pre-hook wraps the closure for the last one (:attr:`Lane.inclos` once it has);
 - **the step closes** in :meth:`Lane.close`: the same ``step`` event, key for key, as the step machine
   would have built from the same clock values, and the same bookkeeping of the probe (loader,
   optimizer, call-site counts, the hand-over's boundary, the budget), with ``sampled: false``;
@@ -180,7 +183,7 @@ class Lane:
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
-                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest")
+                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest", "inclos")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -215,6 +218,9 @@ class Lane:
         self.pf = 1              # the phase a fetch leaves: 1, or 8 in the closure mode
         self.crec: Any = None    # the closure's [time, calls] (the step machine's record once handed back)
         self.o_real = 0.0        # the optimizer step's start (o_start less the closure's time)
+        self.inclos = False      # the closure mode, past the optimizer's pre-hook (the closure wrapped); with
+        #                          gradient accumulation (Lightning's accumulate_grad_batches) the micro-batches
+        #                          before the last one run outside it: a forward at phase 8 begins one
         self.oclos: Any = None   # what the full path saw: the closure's record of the step being closed
         self.onest = 0           # the optimizer's steps running inside its step (a subclass's step() calling
         #                          super().step(): torch fires the step hooks at each level), their hooks left out
@@ -283,9 +289,11 @@ class Lane:
             fetched = step.batches == k and fetch[1][2] is False and fetch[2] is p._loaders_by_lid.get(fetch[1][1])
         else:
             fetched = step.batches == 0 and sm._alive <= 1
-        # (the closure mode: one micro-batch from a DataLoader, its forward and backward in the optimizer
-        # step's closure, called once, and the step closed by that optimizer alone)
-        in_closure = (not self.opt_plain and clos is not None and clos[1] == 1 and k == 1 and fetch is not None
+        # (the closure mode: micro-batches from a DataLoader, the last one's forward and backward in the
+        # optimizer step's closure, called once, the ones before it (gradient accumulation: Lightning's
+        # accumulate_grad_batches calls the closure itself) outside it, and the step closed by that
+        # optimizer alone)
+        in_closure = (not self.opt_plain and clos is not None and clos[1] == 1 and k >= 1 and fetch is not None
                       and sm._alive <= 1)
         plain = (model is not None and fetched and optimizer is not None and (self.opt_plain or in_closure)
                  and ev.get("ended_by") == "optimizer" and step.n_forward == k and step.n_backward == k and k >= 1
@@ -315,6 +323,7 @@ class Lane:
         self.cmode = in_closure
         self.pf = 8 if in_closure else 1
         self.crec = None
+        self.inclos = False
         self.onest = 0
         self.site_depth = depth - 1     # (counted from fwd_post; the lane reads it one frame out, in _local_post)
         self.mid = id(model)
@@ -460,9 +469,10 @@ class Lane:
         # micro-batch's, or gradient accumulation's (batches fetched ahead of their forwards included)
         evs: list = []
         cur = self.micro_batch()
-        if self.cmode and ph != 8:
+        if self.inclos:
             # the closure mode, past the optimizer's pre-hook: what Probe._opt_pre did (the step opened, the
             # closure's record the step machine's, the optimizer's start)
+            self.inclos = False
             evs.append((self.o_real, 3, None))
             if ph == 6:
                 ph = 1
@@ -544,6 +554,7 @@ class Lane:
         if end is None:
             end = n0 * 1e-9
         self.phase = self.rest
+        self.inclos = False
         idx = sm.done + 1
         fast = self.fast
         try:
