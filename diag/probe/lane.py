@@ -454,6 +454,7 @@ class Lane:
         their clock values, as the full path's hooks would have fed them."""
         self.off(p)
         ph, self.phase = self.phase, 0
+        inclos, self.inclos = self.inclos, False
         self.streak = 0
         self.sig = None
         if self.onest:
@@ -469,10 +470,9 @@ class Lane:
         # micro-batch's, or gradient accumulation's (batches fetched ahead of their forwards included)
         evs: list = []
         cur = self.micro_batch()
-        if self.inclos:
+        if inclos:
             # the closure mode, past the optimizer's pre-hook: what Probe._opt_pre did (the step opened, the
             # closure's record the step machine's, the optimizer's start)
-            self.inclos = False
             evs.append((self.o_real, 3, None))
             if ph == 6:
                 ph = 1
