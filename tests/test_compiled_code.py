@@ -159,3 +159,54 @@ def test_a_pass_whose_forwards_went_unseen_is_not_the_next_steps_data():
     assert all(s["data_s"] < 0.5 and s["n_forward"] == 1 for s in steps)
     passes = [e for e in events if e["kind"] == "evaluation"]
     assert [p["batches"] for p in passes] == [2, 4, 4] and all(p["loaders"] == [1] for p in passes)
+
+
+COMPILED_FIRST = """
+import sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+compiled = torch.compile(model, backend=sys.argv[2])
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(160, 8, generator=g), torch.randint(0, 3, (160,), generator=g)),
+                    batch_size=4)
+for i, (x, y) in enumerate(loader):
+    opt.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(compiled(x), y)
+    loss.backward()
+    opt.step()
+    if i % 10 == 0:
+        print(i, round(loss.item(), 6))
+torch.save(model.state_dict(), sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_a_model_compiled_before_the_first_step_trains_as_it_does_bare(diag_cli, write_script, tmp_path, backend):
+    """torch.compile with an AOTAutograd backend (aot_eager here; inductor, the default, the same way)
+    traces with torch.fx between dynamo's tracing of the frame and the guards it builds, and the probe
+    lifts its hooks out of the way of torch.fx. The discovery window's global hooks were removed and
+    registered again under new ids, and the guards dynamo had built on them by id failed: the script
+    died at its first step (InternalTorchDynamoError: KeyError: 127). They are put back under their ids
+    now (marks.lift_global_hooks). The same run ends with the bare run's weights and output."""
+    script = write_script("compiled_first.py", COMPILED_FIRST)
+    bare = subprocess.run([sys.executable, str(script), str(tmp_path / "bare.pt"), backend], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    r = diag_cli("check", "--script", str(script), "--format", "json", "--", str(tmp_path / "probe.pt"), backend,
+                 timeout=300)
+    assert r.code == 0, r.stderr[-3000:]
+    assert "InternalTorchDynamoError" not in r.stderr and "Error while creating guard" not in r.stderr
+    assert r.json()["summary"]["steps"] == 40
+    run_dir = next((tmp_path / ".diag" / "runs").iterdir())
+    # AOTAutograd's own torch.autograd.grad, tracing the backward graph while it compiles, is not a
+    # backward of the script's (it was counted: steps 1 and 2 had two backwards, the first 5x longer)
+    steps = json.loads((run_dir / "evidence.json").read_text())["ranks"][0]["steps"]
+    assert [s["n_backward"] for s in steps] == [1] * 40
+    assert (run_dir / "log.txt").read_text().splitlines()[-4:] == bare.stdout.splitlines()[-4:]
+    a, b = torch.load(tmp_path / "bare.pt"), torch.load(tmp_path / "probe.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -169,3 +169,28 @@ def test_relocated_warnings_name_the_callers_line():
     finally:
         undo()
     assert line
+
+
+def test_relocated_warnings_keep_a_librarys_own_warning_its_own(tmp_path, monkeypatch):
+    """A warning that names a library's line (stacklevel 1, as torch.jit's DeprecationWarning raised while
+    torch.compile imports its passes) is re-issued as that module's: Python's default filters hide it
+    outside __main__, and under diag they still do (re-issued as the caller's, it was shown)."""
+    import importlib
+
+    from diag.probe.quiet import relocated_warnings
+
+    (tmp_path / "fake_torch_pass.py").write_text(
+        "import warnings\n"
+        "def old_api():\n"
+        "    warnings.warn('old_api is deprecated', DeprecationWarning)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lib = importlib.import_module("fake_torch_pass")
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.resetwarnings()
+        warnings.simplefilter("ignore", DeprecationWarning)        # Python's defaults, the caller's module
+        warnings.filterwarnings("default", category=DeprecationWarning, module=__name__)   # standing for __main__
+        with relocated_warnings():
+            lib.old_api()
+        warnings.warn("the caller's own", DeprecationWarning)      # (the filter does show the caller's)
+    assert [str(w.message) for w in got] == ["the caller's own"]

@@ -721,13 +721,24 @@ class Probe:
         lane = self._lane
         self._bwd_twins = []
 
-        def _wrap(orig, name):
+        # torch.compile's backend (AOTAutograd, under inductor or aot_eager) traces the backward graph with
+        # torch.autograd.grad on functional fake tensors, after dynamo's tracing and before its guards are
+        # built: not a backward of the script's. Taken as one, it closed a step and ended the discovery
+        # window inside the compilation, the window's global hooks went, and the guards dynamo had on them
+        # failed (InternalTorchDynamoError: KeyError, a compiled model's first call). The grad wrapper
+        # asks torch.compiler.is_compiling (True there; is_dynamo_compiling is not): ~0.2 µs a call of
+        # autograd.grad, which a training step rarely makes (.backward() goes through autograd.backward)
+        in_compile = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+        def _wrap(orig, name, check_compile=False):
             eager = [None]    # the wrapper behind torch._dynamo.disable (prepare_compiled)
 
             def wrapper(*args, **kwargs):
                 if _compiling():   # a backward inside compiled code: a graph break without diag too
                     f = eager[0]
                     return f(*args, **kwargs) if f is not None else orig(*args, **kwargs)
+                if check_compile and in_compile():
+                    return orig(*args, **kwargs)     # torch.compile's own tracing of a backward graph
                 if probe.in_backward or probe._forked or not probe.active:
                     return orig(*args, **kwargs)   # nested (a reentrant checkpoint's recomputation), or paused
                 if lane.on and lane.phase != 2:
@@ -763,7 +774,7 @@ class Probe:
             return wrapper
 
         self.patch(ag, "backward", _wrap(ag.backward, "backward"))
-        self.patch(ag, "grad", _wrap(ag.grad, "grad"))
+        self.patch(ag, "grad", _wrap(ag.grad, "grad", check_compile=True))
         self._bwd_wrapped = True
 
     def _backward_done(self, start: float, end: float) -> None:

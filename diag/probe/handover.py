@@ -31,7 +31,8 @@ import time
 import weakref
 
 from diag.probe.hooks import _never, compiling_check, run_eagerly
-from diag.probe.marks import ProbeHook, lift_module_hooks, put_back, remove_global_hook  # noqa: F401 (re-exported)
+from diag.probe.marks import (ProbeHook, lift_global_hooks, lift_module_hooks, put_back,  # noqa: F401 (re-exported)
+                              put_back_global, remove_global_hook)
 from diag.probe.quiet import add_filter, remove_filter
 from diag.probe.tensors import TorchState, output_grad_tensors, samples_of
 
@@ -394,19 +395,19 @@ class HandOver:
         a call that compiles or traces a module sees none of diag's."""
         mods = [ref() for ref, _a, _b in self._hooked.values()]
         token = lift_module_hooks([m for m in mods if m is not None])
-        had_global = bool(self._global)
-        for h in self._global:
-            remove_global_hook(h)
-        self._global.clear()
+        # the window's global hooks: out of torch's dictionaries and back under the same ids (marks.
+        # lift_global_hooks: torch.compile's guards name them by id)
+        handles = list(self._global)
+        gtoken = lift_global_hooks(handles) if handles else None
         self._lifted += 1
-        return token, had_global
+        return token, handles, gtoken
 
     def restore(self, lifted) -> None:
-        token, had_global = lifted
+        token, handles, gtoken = lifted
         self._lifted -= 1
         put_back(token)
-        if had_global and self.discovering and self.active and not self._global:
-            self._add_globals()
+        if gtoken is not None and self._global == handles and self.active:
+            put_back_global(gtoken)     # (a window closed inside the call removed them for good)
 
     def _hand_over(self) -> None:
         for h in self._global:

@@ -230,6 +230,38 @@ def put_back(token) -> None:
                         hooks[k] = v
 
 
+# torch's dictionaries of global module hooks (a with_kwargs / always_call hook has an entry in the last two)
+GLOBAL_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
+                     "_global_forward_hooks_always_called")
+
+
+def lift_global_hooks(handles) -> tuple:
+    """Take the global module hooks of ``handles`` (torch's handles of diag's global hooks) out of
+    torch's dictionaries; :func:`put_back_global` restores them under the same ids, in place, and the
+    handles stay valid. Not removed and registered again: torch.compile guards on those entries by id
+    (``_global_forward_hooks[127]``), and its backend traces with torch.fx (a :class:`Lifted` call)
+    between tracing the frame and building the guards: a hook registered again under a new id made the
+    guards fail (``InternalTorchDynamoError: KeyError``, a model compiled before diag's discovery window
+    closed, with the default backend)."""
+    from torch.nn.modules import module as nn_module
+
+    ids = frozenset(getattr(h, "id", None) for h in handles)
+    snaps = []
+    for name in GLOBAL_HOOK_DICTS:
+        hooks = getattr(nn_module, name, None)
+        if isinstance(hooks, dict) and any(k in ids for k in hooks):
+            snaps.append((hooks, list(hooks.items())))
+            for k in ids:
+                hooks.pop(k, None)
+    return ids, snaps
+
+
+def put_back_global(token) -> None:
+    """Restore what :func:`lift_global_hooks` took out."""
+    ids, snaps = token
+    put_back([(lambda: True, ids, snaps)])
+
+
 class GlobalHooks:
     """A pair of torch's global forward hooks (pre, and post with kwargs, always called) that a
     :class:`Lifted` call takes out of torch and puts back (the probe without the hand-over)."""
@@ -252,13 +284,13 @@ class GlobalHooks:
         self.handles.clear()
 
     def lift(self):
-        had = bool(self.handles)
-        self.remove()
-        return had
+        handles = list(self.handles)
+        return handles, (lift_global_hooks(handles) if handles else None)
 
-    def restore(self, had) -> None:
-        if had and not self.handles:
-            self.add()
+    def restore(self, lifted) -> None:
+        handles, token = lifted
+        if token is not None and self.handles == handles:     # (still these hooks: put back, same ids)
+            put_back_global(token)
 
 
 def install(patches, lifted: Lifted, on_restored=None) -> None:

@@ -62,6 +62,17 @@ def _user_frame():
     return None
 
 
+def _module_of(filename) -> tuple:
+    """The dotted name and warnings registry of the loaded module whose file is ``filename`` (what the
+    warnings machinery uses for a warning raised there); ``(None, None)`` when no loaded module has it
+    (``warn_explicit`` then derives the name from the file, as it does)."""
+    for name, mod in list(sys.modules.items()):
+        if getattr(mod, "__file__", None) == filename:
+            g = getattr(mod, "__dict__", None)
+            return name, (g.setdefault("__warningregistry__", {}) if isinstance(g, dict) else None)
+    return None, None
+
+
 @contextlib.contextmanager
 def relocated_warnings():
     """Run the body recording its warnings; re-issue each one, those that name a file of diag at
@@ -84,12 +95,18 @@ def relocated_warnings():
         return
     user = _user_frame()
     for w in pending:
-        filename, lineno, module, registry = w.filename, w.lineno, None, None
-        if str(filename).startswith(_DIAG_DIR + os.sep) and user is not None:
-            filename, lineno = user.f_code.co_filename, user.f_lineno
-        if user is not None:
+        filename, lineno = w.filename, w.lineno
+        ours = str(filename).startswith(_DIAG_DIR + os.sep)
+        if user is not None and (ours or filename == user.f_code.co_filename):
+            if ours:
+                filename, lineno = user.f_code.co_filename, user.f_lineno
             module = user.f_globals.get("__name__")
             registry = user.f_globals.setdefault("__warningregistry__", {})
+        else:
+            # a warning that names a library's own line (torch's, at stacklevel 1) is the module's, not the
+            # user's: the user's module name made the default filter for __main__ show what Python hides
+            # (torch.compile printed torch.jit's DeprecationWarning under diag, not bare)
+            module, registry = _module_of(filename)
         with contextlib.suppress(Exception):
             warnings.warn_explicit(w.message, w.category, filename, lineno, module=module,
                                    registry=registry, source=getattr(w, "source", None))
