@@ -192,7 +192,8 @@ def test_a_model_compiled_before_the_first_step_trains_as_it_does_bare(diag_cli,
     lifts its hooks out of the way of torch.fx. The discovery window's global hooks were removed and
     registered again under new ids, and the guards dynamo had built on them by id failed: the script
     died at its first step (InternalTorchDynamoError: KeyError: 127). They are put back under their ids
-    now (marks.lift_global_hooks). The same run ends with the bare run's weights and output."""
+    now (marks.lift_global_hooks). The same run ends with the bare run's weights and output, and
+    torch.compile's own work (its autograd.grad, its detect_anomaly) is not the script's."""
     script = write_script("compiled_first.py", COMPILED_FIRST)
     bare = subprocess.run([sys.executable, str(script), str(tmp_path / "bare.pt"), backend], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
@@ -205,8 +206,12 @@ def test_a_model_compiled_before_the_first_step_trains_as_it_does_bare(diag_cli,
     run_dir = next((tmp_path / ".diag" / "runs").iterdir())
     # AOTAutograd's own torch.autograd.grad, tracing the backward graph while it compiles, is not a
     # backward of the script's (it was counted: steps 1 and 2 had two backwards, the first 5x longer)
-    steps = json.loads((run_dir / "evidence.json").read_text())["ranks"][0]["steps"]
-    assert [s["n_backward"] for s in steps] == [1] * 40
+    rank = json.loads((run_dir / "evidence.json").read_text())["ranks"][0]
+    assert [s["n_backward"] for s in rank["steps"]] == [1] * 40
+    # AOTAutograd traces under detect_anomaly(check_nan=False): not the script's anomaly detection (it was
+    # located at the compiled model's call, and the debug watch it set kept the probe's lane off all run)
+    debug = rank["extras"]["debug"]
+    assert debug["anomaly_location"] is None and debug["profiler_created"] == 0, debug
     assert (run_dir / "log.txt").read_text().splitlines()[-4:] == bare.stdout.splitlines()[-4:]
     a, b = torch.load(tmp_path / "bare.pt"), torch.load(tmp_path / "probe.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -11,6 +11,11 @@ from diag.probe.perf._common import _caller_outside_library, _loc_of
 from diag.probe.quiet import relocated_warnings
 from diag.probe.tensors import first_tensor
 
+
+def _false() -> bool:
+    return False
+
+
 MAX_SHAPES = 16
 
 
@@ -59,20 +64,26 @@ class TuningRecorder:
     def _patch_debug(self, torch) -> None:
         ext = self
         ag = torch.autograd
+        # torch.compile's AOTAutograd runs its tracing under detect_anomaly(check_nan=False) (to keep each
+        # node's stack): not the script turning anomaly detection on. Taken as such, it set the debug watch
+        # for the rest of the run, and the probe's lane never took a step of a model compiled with a cold
+        # cache (40 µs a step against 7, a probe.overhead warning)
+        in_compile = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _false
         try:
             orig_sda = ag.set_detect_anomaly
             orig_da = ag.detect_anomaly
 
             class set_detect_anomaly(orig_sda):       # a subclass: isinstance and `with` keep working
                 def __init__(self, mode, *args, **kwargs):
-                    if mode:
+                    if mode and not in_compile():
                         ext._located("anomaly_location")
                     with relocated_warnings():
                         super().__init__(mode, *args, **kwargs)
 
             class detect_anomaly(orig_da):
                 def __init__(self, *args, **kwargs):
-                    ext._located("anomaly_location")
+                    if not in_compile():
+                        ext._located("anomaly_location")
                     with relocated_warnings():
                         super().__init__(*args, **kwargs)
 
@@ -102,7 +113,7 @@ class TuningRecorder:
 
             def make(orig_init):
                 def __init__(prof, *args, **kwargs):
-                    if ext._live():
+                    if ext._live() and not in_compile():
                         ext.debug["profiler_created"] += 1
                         ext._located("profiler_location")
                     return orig_init(prof, *args, **kwargs)
