@@ -132,6 +132,7 @@ class Probe:
         # issue 20: the hook hand-over and the probe's own cost
         self._handover: HandOver | None = None
         self._eager_opt_pre = self._eager_opt_post = None   # for compiled code (prepare_compiled)
+        self.compile_used = False     # torch.compile was called in this process (a model, a function, a step)
         self._bwd_twins: list = []    # (autograd wrapper, [its eager twin]) (_wrap_backward)
         self._has_params: dict[int, tuple] = {}   # id(module) -> (weakref, has parameters)
         self.own_ns = 0              # the probe's own time (hook bodies, extensions, sink), nanoseconds
@@ -481,6 +482,7 @@ class Probe:
         if callable(orig_compile):
             @functools.wraps(orig_compile)
             def compile(*args, **kwargs):
+                probe.compile_used = True      # (the FLOP counter counts no step of a process that compiles)
                 try:
                     probe.prepare_compiled()
                 except Exception as e:

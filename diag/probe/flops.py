@@ -11,7 +11,8 @@ disable with ``DIAG_PROBE_DISABLE=flopcounter``) it:
   backward finishes), so evaluation forwards run between steps are not counted;
 * marks the step (and the step before it when counting started early) ``instrumented`` so timing
   statistics leave it out;
-* for a ``torch.compile``d model, does not count (the mode over compiled code is a risk on the user's
+* for a ``torch.compile``d model, or in a process that called ``torch.compile`` at all (a compiled
+  optimizer step), does not count (the mode over compiled code is a risk on the user's
   hot path, and fused kernels are invisible to it): the step's FLOPs are 6 x non-embedding parameters
   x tokens (or samples), ``method: "analytic"`` (``DIAG_FLOPS_COMPILED=1`` counts anyway);
 * writes ``flops.measured`` (FLOPs, forward/backward split, samples and tokens, precision, device
@@ -125,7 +126,7 @@ class FlopCounter:
         self._achieved_final = False   # flops.achieved written 10 steps after the count: idle since
         self.measured: dict[str, Any] | None = None
         self._last_emit = 0
-        self.analytic = False     # compiled model: no counter, 6·N·D from the step's shapes instead
+        self.analytic = False     # torch.compile in use: no counter, 6·N·D from the step's shapes instead
 
     # ---- interface --------------------------------------------------------------------------------
     def install(self, probe) -> None:
@@ -191,7 +192,7 @@ class FlopCounter:
                     if self._compiled(probe) and os.environ.get("DIAG_FLOPS_COMPILED") != "1":
                         self.analytic = True
                         probe.emit(E.SET, path="flops.status",
-                                   value=f"compiled model: step {self.target} estimated as 6·N·D, not counted")
+                                   value=f"{self._why_not_counted(probe)}: step {self.target} estimated as 6·N·D, not counted")
                     else:
                         self._enter(probe)
             elif self.measured is not None:
@@ -353,7 +354,7 @@ class FlopCounter:
         }
         probe.emit(E.SET, path="flops.measured", value=self.measured)
         probe.emit(E.SET, path="flops.status", value=f"measured step {self.target}" if counter is not None else
-                   f"compiled model: step {self.target} estimated as 6 x non-embedding parameters x "
+                   f"{self._why_not_counted(probe)}: step {self.target} estimated as 6 x non-embedding parameters x "
                    f"{'tokens' if self._tokens and self._token_inputs else 'samples'} (DIAG_FLOPS_COMPILED=1 counts it)")
         if not flops:
             probe.emit(E.SET, path="flops.status",
@@ -361,10 +362,20 @@ class FlopCounter:
                              "to FlopCounterMode)")
 
     @staticmethod
+    def _why_not_counted(probe) -> str:
+        if any("compiled" in wrappers_of(mod)[1] for mod in probe.models()):
+            return "compiled model"
+        return "torch.compile in use (a compiled function, the model not compiled)"
+
+    @staticmethod
     def _compiled(probe) -> bool:
-        """Is any model seen so far wrapped by torch.compile? FlopCounterMode over compiled code is
-        not worth the risk on the user's hot path (and cannot see fused kernels anyway)."""
-        return any("compiled" in wrappers_of(mod)[1] for mod in probe.models())
+        """Is torch.compile in use: any model seen so far wrapped by it, or any call of it in the process (a
+        compiled optimizer step or train function)? FlopCounterMode over compiled code is not worth the
+        risk on the user's hot path (and cannot see fused kernels anyway): an optimizer step compiled
+        with inductor, run inside the counted step, left the Python dispatch key on after the mode
+        exited, and the script's next operation raised (INTERNAL ASSERT FAILED ... PythonFallbackKernel)."""
+        return getattr(probe, "compile_used", False) or any("compiled" in wrappers_of(mod)[1]
+                                                            for mod in probe.models())
 
     def _describe(self, module) -> dict:
         import torch
