@@ -277,7 +277,9 @@ def debug_anomaly_detection(ctx):
     on during training steps (warning: it records a traceback for every forward op and checks every
     backward for NaN), or a profiler (torch.profiler / torch.autograd.profiler) on for >= 20% of the
     steps (warning; a shorter profiling window is info). Counted per step: every step once either was
-    seen on (switched on through torch's API, or found on), at steps 1, 9, 17, ... until then."""
+    seen on (switched on through torch's API, or found on), at steps 1, 9, 17, ... until then;
+    torch.compile's own `detect_anomaly(check_nan=False)` while it compiles (AOTAutograd's tracing) is
+    not the script's."""
     ev = ctx.evidence
     r = ev.primary
     dbg = (r.extras or {}).get("debug") or {}
