@@ -730,7 +730,7 @@ class Probe:
         # failed (InternalTorchDynamoError: KeyError, a compiled model's first call). The grad wrapper
         # asks torch.compiler.is_compiling (True there; is_dynamo_compiling is not): ~0.2 µs a call of
         # autograd.grad, which a training step rarely makes (.backward() goes through autograd.backward)
-        in_compile = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+        in_compile = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never
 
         def _wrap(orig, name, check_compile=False):
             eager = [None]    # the wrapper behind torch._dynamo.disable (prepare_compiled)

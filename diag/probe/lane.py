@@ -585,29 +585,10 @@ class Lane:
                 self.q_tot.append(total)
                 self.q_core.append(p._last_core_s)
                 ho = p._handover
-                # HandOver.boundary's common case, here: no window was open in the step, none opens now
-                s = ho.steps + 1
-                if ho.step_in_window or ho.discovering or s >= ho.next_periodic:
-                    window = ho.boundary()
-                else:
-                    ho.steps = s
-                    window = False
+                window = ho.boundary()
                 self.ofw = ho.outermost_forwards
                 n = self.n_site = self.n_site + k
-                # the probe's time in the step (Lane.own, here: a quiet step is most steps of a long run)
-                own = p.own_ns + (_ns() - n0)
-                probe_ns = own - p._own_mark
-                p._own_mark = own
-                w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
-                marks = p._est_marks
-                if marks[0] == w1 and marks[2] == b1:
-                    est = (h1 - marks[1]) * p.hooked_call_ns + ENTRIES * self.entry_ns
-                else:
-                    est = ((w1 - marks[0]) * p.slow_path_ns + (h1 - marks[1]) * p.hooked_call_ns
-                           + (b1 - marks[2]) * p.autograd_hook_ns + ENTRIES * self.entry_ns)
-                p._est_marks = (w1, h1, b1)
-                p._est_ns += est
-                probe_ns += est
+                probe_ns = self.own(p, ho, n0)
                 self.cores.append(probe_ns)
                 p._last_core_s = probe_ns / 1e9
                 p._last_extras_s = 0.0

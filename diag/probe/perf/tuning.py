@@ -7,14 +7,10 @@ from __future__ import annotations
 import inspect
 import time
 
+from diag.probe.hooks import _never
 from diag.probe.perf._common import _caller_outside_library, _loc_of
 from diag.probe.quiet import relocated_warnings
 from diag.probe.tensors import first_tensor
-
-
-def _false() -> bool:
-    return False
-
 
 MAX_SHAPES = 16
 
@@ -68,7 +64,7 @@ class TuningRecorder:
         # node's stack): not the script turning anomaly detection on. Taken as such, it set the debug watch
         # for the rest of the run, and the probe's lane never took a step of a model compiled with a cold
         # cache (40 µs a step against 7, a probe.overhead warning)
-        in_compile = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _false
+        in_compile = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never
         try:
             orig_sda = ag.set_detect_anomaly
             orig_da = ag.detect_anomaly
