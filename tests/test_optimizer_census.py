@@ -114,8 +114,11 @@ def test_a_short_run_has_no_scan_in_its_steps_and_no_false_alarm(tmp_path):
     assert loud == [], loud
     steps = _steps(tmp_path)
     assert len(steps) == 4
-    # the second step is as short as the last (it carried the scan: 60-90 ms, the whole step)
-    assert steps[1]["total_s"] < 0.5 * steps[0]["total_s"]
+    # the second step is as short as the last (it carried the scan: 60-90 ms, the whole step, on the probe's
+    # own account); on a loaded machine a step can stall for as long (75 ms of a 1 ms step, once, in a
+    # clean-clone suite at load): then the probe's own time in it says whose time it was
+    s2 = steps[1]
+    assert s2["total_s"] < 0.5 * steps[0]["total_s"] or s2["probe_s"] < 0.2 * s2["total_s"], s2
 
 
 def _events(tmp_path):
