@@ -724,12 +724,10 @@ class Probe:
         self._bwd_twins = []
 
         # torch.compile's backend (AOTAutograd, under inductor or aot_eager) traces the backward graph with
-        # torch.autograd.grad on functional fake tensors, after dynamo's tracing and before its guards are
-        # built: not a backward of the script's. Taken as one, it closed a step and ended the discovery
-        # window inside the compilation, the window's global hooks went, and the guards dynamo had on them
-        # failed (InternalTorchDynamoError: KeyError, a compiled model's first call). The grad wrapper
-        # asks torch.compiler.is_compiling (True there; is_dynamo_compiling is not): ~0.2 µs a call of
-        # autograd.grad, which a training step rarely makes (.backward() goes through autograd.backward)
+        # torch.autograd.grad on functional fake tensors while it compiles: not a backward of the script's
+        # (counted as one, a compiled model's first steps had two backwards, the first 5x its length). The
+        # grad wrapper asks torch.compiler.is_compiling (True there; is_dynamo_compiling is not): ~0.2 µs a
+        # call of autograd.grad, which a training step rarely makes (.backward() goes through autograd.backward)
         in_compile = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never
 
         def _wrap(orig, name, check_compile=False):

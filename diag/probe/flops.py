@@ -362,8 +362,12 @@ class FlopCounter:
                              "to FlopCounterMode)")
 
     @staticmethod
-    def _why_not_counted(probe) -> str:
-        if any("compiled" in wrappers_of(mod)[1] for mod in probe.models()):
+    def _model_compiled(probe) -> bool:
+        return any("compiled" in wrappers_of(mod)[1] for mod in probe.models())
+
+    @classmethod
+    def _why_not_counted(cls, probe) -> str:
+        if cls._model_compiled(probe):
             return "compiled model"
         return "torch.compile in use (a compiled function, the model not compiled)"
 
@@ -374,8 +378,7 @@ class FlopCounter:
         risk on the user's hot path (and cannot see fused kernels anyway): an optimizer step compiled
         with inductor, run inside the counted step, left the Python dispatch key on after the mode
         exited, and the script's next operation raised (INTERNAL ASSERT FAILED ... PythonFallbackKernel)."""
-        return getattr(probe, "compile_used", False) or any("compiled" in wrappers_of(mod)[1]
-                                                            for mod in probe.models())
+        return getattr(probe, "compile_used", False) or FlopCounter._model_compiled(probe)
 
     def _describe(self, module) -> dict:
         import torch

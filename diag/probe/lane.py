@@ -293,7 +293,7 @@ class Lane:
         # optimizer step's closure, called once, the ones before it (gradient accumulation: Lightning's
         # accumulate_grad_batches calls the closure itself) outside it, and the step closed by that
         # optimizer alone)
-        in_closure = (not self.opt_plain and clos is not None and clos[1] == 1 and k >= 1 and fetch is not None
+        in_closure = (not self.opt_plain and clos is not None and clos[1] == 1 and fetch is not None
                       and sm._alive <= 1)
         plain = (model is not None and fetched and optimizer is not None and (self.opt_plain or in_closure)
                  and ev.get("ended_by") == "optimizer" and step.n_forward == k and step.n_backward == k and k >= 1
