@@ -11,7 +11,11 @@ Measured as bench/bench_depth.py's steady state: one process, cycles of six step
 recording, two with them in place and returning at once, two with them taken out), adjacent steps
 compared on the step thread's CPU time, 10%-trimmed means: work = active - idle, floor = idle - bare.
 
-    .venv/bin/python bench/hook_floor.py [--calls 10] [--cycles 1200]
+    .venv/bin/python bench/hook_floor.py [--calls 10] [--cycles 1200] [--call]
+
+``--call``: the model's forward timed through the instance's ``_compiled_call_impl`` (torch's door that
+diag's lane uses, diag.probe.handover.HandOver.take_call) instead of a forward pre- and post-hook: the
+model's call then stays on ``Module._call_impl``'s fast path.
 """
 from __future__ import annotations
 
@@ -38,6 +42,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=10, help="module calls per forward, as the depth sweep's")
     ap.add_argument("--cycles", type=int, default=1200)
+    ap.add_argument("--call", action="store_true",
+                    help="time the forward through the model's _compiled_call_impl, not two module hooks")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -89,6 +95,16 @@ def main() -> int:
         if on[0]:
             cur[4] = pc()
 
+    impl = model._call_impl
+
+    def call(*args, **kwargs):
+        if not on[0]:
+            return impl(*args, **kwargs)
+        cur[3] = pc()
+        out = impl(*args, **kwargs)
+        cur[4] = pc()
+        return out
+
     def opre(o, args, kwargs):
         if on[0]:
             cur[7] = pc()
@@ -103,14 +119,18 @@ def main() -> int:
         dl._BaseDataLoaderIter.__next__ = __next__
         torch.optim.Optimizer.zero_grad = zero_grad
         ag.backward = backward
-        handles.extend([model.register_forward_pre_hook(pre),
-                        model.register_forward_hook(post, with_kwargs=True, always_call=True),
-                        register_optimizer_step_pre_hook(opre), register_optimizer_step_post_hook(opost)])
+        if a.call:
+            model.__dict__["_compiled_call_impl"] = call
+        else:
+            handles.extend([model.register_forward_pre_hook(pre),
+                            model.register_forward_hook(post, with_kwargs=True, always_call=True)])
+        handles.extend([register_optimizer_step_pre_hook(opre), register_optimizer_step_post_hook(opost)])
 
     def detach():
         dl._BaseDataLoaderIter.__next__ = orig_next
         torch.optim.Optimizer.zero_grad = orig_zg
         ag.backward = orig_bw
+        model.__dict__.pop("_compiled_call_impl", None)
         for h in handles:
             h.remove()
         handles.clear()
@@ -138,10 +158,10 @@ def main() -> int:
     floor = [cpu[L * c + 3] - cpu[L * c + 5] for c in range(warm, a.cycles)]
     bare = statistics.median(cpu[L * c + 5] for c in range(warm, a.cycles))
     w, f = trimmed_mean(work), trimmed_mean(floor)
-    out = {"calls": a.calls + 1, "bare_step_ms": round(bare * 1e3, 3), "work_us": round(w * 1e6, 1),
+    out = {"calls": a.calls + 1, "forward": "_compiled_call_impl" if a.call else "module hooks", "bare_step_ms": round(bare * 1e3, 3), "work_us": round(w * 1e6, 1),
            "floor_us": round(f * 1e6, 1), "total_us": round((w + f) * 1e6, 1),
            "total_pct": round(100 * (w + f) / bare, 2), "records": len(rows)}
-    print(f"{out['calls']} calls, bare step {out['bare_step_ms']} ms: the seven hooks cost "
+    print(f"{out['calls']} calls ({out['forward']}), bare step {out['bare_step_ms']} ms: the hooks cost "
           f"{out['total_us']} us a step ({out['total_pct']}%): work {out['work_us']} us, floor {out['floor_us']} us")
     print(json.dumps(out))
     return 0

@@ -485,9 +485,71 @@ def without_a_loader_then_with_one():
             opt.step()
 
 
-def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True):
+class _Raising(nn.Module):
+    """A model whose forward raises on its 70th and 71st calls (a bad batch the script skips)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _model()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls in (70, 71):
+            raise ValueError("a bad batch")
+        return self.net(x)
+
+
+def with_a_forward_that_raises():
+    """The model's forward raises inside two steps; the script catches it, skips the batch and goes on
+    (torch calls an always-called post hook on such a forward: so must the lane's call)."""
+    model = _Raising()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _loader(120):
+        opt.zero_grad()
+        try:
+            out = model(x)
+        except ValueError:
+            continue
+        nn.functional.cross_entropy(out, y).backward()
+        opt.step()
+
+
+def with_hooks_of_the_scripts_own():
+    """The script registers a forward pre-hook and a forward hook that changes the output on its model
+    at step 40 (the lane's call on by then) and removes them at step 80: each runs once a forward, its
+    output is the one the step uses, and the lane goes on after."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = OWN_HOOKS_SEEN
+    seen[:] = [0, 0]
+    handles: list = []
+
+    def pre(m, args):
+        seen[0] += 1
+
+    def post(m, args, out):
+        seen[1] += 1
+        return out * 0.5
+
+    for i, (x, y) in enumerate(_loader(120)):
+        if i == 40:
+            handles = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+        elif i == 80:
+            for h in handles:
+                h.remove()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+OWN_HOOKS_SEEN = [0, 0]     # the calls of the script's own pre-hook and hook (with_hooks_of_the_scripts_own)
+
+
+def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True, call: bool = True):
     """The script under a probe; its events as the file sink wrote them (``file``: the lane's quiet steps
-    go to the sink's writer thread as records, built into events there), or as a callback got them."""
+    go to the sink's writer thread as records, built into events there), or as a callback got them.
+    ``call``: the lane calls its model itself (HandOver.take_call), or keeps the probe's hooks on it."""
     import json
     import os
     import tempfile
@@ -496,6 +558,7 @@ def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True):
     from diag.probe.sink import FileSink
 
     monkeypatch.setenv("DIAG_PROBE_LANE", "1" if lane else "0")
+    monkeypatch.setenv("DIAG_PROBE_LANE_CALL", "1" if call else "0")
     # a budget no probe fits in: the period is the floor (1 in 64) whatever the machine's load, so which
     # steps are unsampled (the lane's) does not depend on timings
     monkeypatch.setenv("DIAG_PROBE_BUDGET", "0.0001%")
@@ -578,6 +641,8 @@ SCRIPTS = {
     "subclass_super_step": (with_a_subclass_calling_super_step, True),
     "subclass_super_step_closure": (with_a_subclass_calling_super_step_with_a_closure, True),
     "subclass_inner_step_raises": (with_a_subclass_whose_inner_step_raises, True),
+    "forward_raises": (with_a_forward_that_raises, True),
+    "scripts_own_hooks": (with_hooks_of_the_scripts_own, True),
 }
 
 
@@ -590,17 +655,36 @@ def test_lane_writes_the_same_evidence_as_the_full_path(name, monkeypatch):
     line = lane_mod.step_line
     monkeypatch.setattr(lane_mod, "step_line", lambda rec: built.append(rec[1]) or line(rec))
     with_lane, probe = _run(script, monkeypatch, lane=True)
+    if name == "scripts_own_hooks":
+        assert OWN_HOOKS_SEEN == [40, 40]     # each of them once a forward, on the lane too
     without, probe0 = _run(script, monkeypatch, lane=False)
     assert probe0._lane.steps == 0
     if lanes:
         assert probe._lane.steps > 10, (name, probe._lane.steps)   # the lane took steps: it was tested
         assert len(built) >= probe._lane.steps // 3, (name, len(built), probe._lane.steps)   # quiet steps: built by the writer
+        # every script here takes its lane steps through the lane's call on its model (HandOver.take_call)
+        assert probe._handover.calls_taken > 0, name
     errors = [e for e in with_lane if e["kind"] == "probe_error"]
     assert not errors, errors
     _same(with_lane, without)
     # lane steps are the unsampled ones, and say so
     lane_steps = [e for e in with_lane if e["kind"] == "step" and e.get("sampled") is False]
     assert len(lane_steps) >= probe._lane.steps
+
+
+@pytest.mark.parametrize("name", ["plain", "accumulation_fetching_first", "closure_accumulating", "tokens_keywords",
+                                  "forward_raises", "scripts_own_hooks"])
+def test_the_lane_through_the_probes_hooks_writes_the_same_evidence(name, monkeypatch):
+    """With the lane's call off (DIAG_PROBE_LANE_CALL=0: the lane's model keeps the probe's hooks, as a
+    model with hooks of its own, or one compiled, does) the lane takes the same steps, and the evidence
+    is the full path's."""
+    script, _ = SCRIPTS[name]
+    hooked, probe = _run(script, monkeypatch, lane=True, call=False)
+    assert probe._lane.steps > 10 and probe._handover.calls_taken == 0, (probe._lane.steps, name)
+    if name == "scripts_own_hooks":
+        assert OWN_HOOKS_SEEN == [40, 40]
+    without, _ = _run(script, monkeypatch, lane=False)
+    _same(hooked, without)
 
 
 def test_the_quiet_steps_line_is_the_encoders():

@@ -203,6 +203,8 @@ class Detached:
                 handles += [a, b]
         self._hooks = [(h.hooks_dict_ref, h.id) for h in handles if hasattr(h, "hooks_dict_ref")]
         self._saved: list = []
+        self._ho = ho
+        self._call: list = []     # the lane's call on its model (HandOver.take_call), taken out too
 
     def __enter__(self):
         from diag.probe.hooks import restore_attribute
@@ -214,6 +216,10 @@ class Detached:
             d = ref()
             if d is not None and hid in d:
                 saved.append((d, hid, d.pop(hid)))
+        c = self._ho._call if self._ho is not None else None
+        m = c[0]() if c is not None else None
+        if m is not None and m.__dict__.get("_compiled_call_impl") is c[4]:
+            self._call.append((m, m.__dict__.pop("_compiled_call_impl")))
         return self
 
     def __exit__(self, *exc):
@@ -223,6 +229,9 @@ class Detached:
         for d, hid, fn in self._saved:
             d[hid] = fn
         self._saved.clear()
+        for m, fn in self._call:
+            m.__dict__["_compiled_call_impl"] = fn
+        self._call.clear()
         return False
 
 
@@ -259,7 +268,7 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
                 if detached is None:
                     detached = Detached(probe)
                 detached.__enter__()
-            elif k == 0 and detached is not None and detached._saved:
+            elif k == 0 and detached is not None and (detached._saved or detached._call):
                 detached.__exit__(None, None, None)
             probe.active = k < 3
             if k == 0:
@@ -284,7 +293,7 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
                 if kept >= pairs:
                     break
     finally:
-        if detached is not None and detached._saved:
+        if detached is not None and (detached._saved or detached._call):
             detached.__exit__(None, None, None)
         probe.active = True
         probe.finish("completed", 0)

@@ -483,6 +483,8 @@ class Probe:
             @functools.wraps(orig_compile)
             def compile(*args, **kwargs):
                 probe.compile_used = True      # (the FLOP counter counts no step of a process that compiles)
+                if probe._handover is not None:
+                    probe._handover.give_call()   # (never compiled through the lane's call: HandOver.take_call)
                 try:
                     probe.prepare_compiled()
                 except Exception as e:

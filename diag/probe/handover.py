@@ -28,11 +28,21 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 import weakref
 
 from diag.probe.hooks import _never, compiling_check, run_eagerly
-from diag.probe.marks import (ProbeHook, lift_global_hooks, lift_module_hooks, put_back,  # noqa: F401 (re-exported)
-                              put_back_global, remove_global_hook)
+from diag.probe.marks import (  # noqa: F401
+    CALL_MARK,
+    ProbeHook,
+    lift_global_hooks,
+    lift_module_hooks,
+    mark_attribute,
+    put_back,
+    put_back_global,
+    remove_global_hook,
+    unmark_attribute,
+)
 from diag.probe.quiet import add_filter, remove_filter
 from diag.probe.tensors import TorchState, output_grad_tensors, samples_of
 
@@ -45,6 +55,98 @@ _compiling = _never           # torch.compiler.is_dynamo_compiling once installe
 WINDOW_FORWARDS = 16          # a window with no step closes after this many outermost forwards
 PERIODIC_FIRST = 16           # periodic windows at steps 16, 32, 64, ... then every PERIODIC_CAP
 PERIODIC_CAP = 1024
+
+
+_CALL: tuple | None = None    # (torch.nn.Module.__call__, torch's module of hooks) where the lane's call works
+
+
+def _bind_call() -> None:
+    """The lane's call needs ``Module.__call__`` to be torch's ``_wrapped_call_impl``, which calls an
+    instance's ``_compiled_call_impl`` when one is set (torch >= 2.1)."""
+    global _CALL
+    try:
+        import torch
+        from torch.nn.modules import module as nn_module
+
+        m = torch.nn.Module
+        if (m.__dict__.get("_compiled_call_impl", 0) is None and m.__call__ is m.__dict__.get("_wrapped_call_impl")
+                and "_compiled_call_impl" in getattr(m, "__getstate__").__code__.co_consts):
+            _CALL = (m.__call__, nn_module)
+    except Exception:
+        _CALL = None
+
+
+def _lane_call(ho, probe, lane, ref):
+    """The lane's model's call while the lane is on (:meth:`HandOver.take_call`): what torch's hooked path
+    and the probe's two hooks do for one forward, the lane's case first, torch's fast path for the rest.
+    Anything that is not the lane's forward calls the hooks' own functions, in the order and with the
+    arguments torch calls them (an always-called post hook on a forward that raised included)."""
+    local_pre, local_post = ho._local_pre, ho._local_post
+    getframe = sys._getframe
+    ts = TorchState
+
+    def diag_lane_call(*args, **kwargs):
+        module = ref()
+        ph = lane.phase
+        if ((ph == 1 or ph == 8 or (ph == 3 and (lane.rest or lane.queue))) and lane.on and not probe.depth
+                and not probe.in_backward and ho.active and not _compiling()):
+            # HandOver._local_pre's lane case (the model's forward begins)
+            if ph == 3:
+                lane.push()
+                if not lane.rest:
+                    lane.t_fetch, lane.dt_fetch = lane.queue.pop(0)
+            elif ph == 8:
+                lane.phase = 1
+            probe.forward_start = _pc()
+            probe.depth = 1
+            probe._top_module = module
+            probe._top_depth = 1
+            probe._seek_model = False
+            if probe._ext_live.get("on_forward_start", True):
+                probe._on_forward_start(module)
+            taken = True
+        else:
+            taken = False
+        try:
+            if not taken:
+                local_pre(module, args)
+            if ho._call is not None:
+                output = module._call_impl(*args, **kwargs)
+            else:
+                # the probe's hooks came back on the model since this call began (HandOver.give_call: the
+                # lane turned off): torch's call without them (this call runs them)
+                token = lift_module_hooks([module])
+                try:
+                    output = module._call_impl(*args, **kwargs)
+                finally:
+                    put_back(token)
+        except Exception:
+            try:
+                local_post(module, args, kwargs, None)
+            except Exception as e:
+                warnings.warn("module forward hook with ``always_call=True`` raised an exception that was "
+                              f"silenced as another error was raised in forward: {e}", stacklevel=2)
+            raise
+        if taken and lane.phase == 1 and probe.depth == 1 and probe._top_module is module and output is not None:
+            # HandOver._local_post's lane case (the model's forward ends), the call site two frames out
+            # (this function's caller is Module._wrapped_call_impl)
+            try:
+                if (probe.active and not probe._forked and not probe._in_data and not probe.in_backward
+                        and module.training is True):
+                    f = getframe(2)
+                    if (f.f_code is lane.code and f.f_lasti == lane.lasti and ts.grad()
+                            and (output.requires_grad if type(output) is ts.Tensor
+                                 else bool(output_grad_tensors(output)))
+                            and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
+                                 else None) == lane.acd):
+                        ho._lane_forward(probe, lane, args, kwargs, _pc())
+                        return output
+            except Exception:
+                pass
+        r = local_post(module, args, kwargs, output)
+        return output if r is None else r
+
+    return diag_lane_call
 
 
 def next_periodic(s: int) -> int:
@@ -107,6 +209,8 @@ class HandOver:
         self.handovers = 0
         self._warn_filter = None
         self._lifted = 0                            # inside a call that compiles or traces a module (marks.Lifted)
+        self._call: tuple | None = None             # the lane's call on its model (take_call), while it is there
+        self.calls_taken = 0                        # times take_call put the lane's call on a model
 
     # ---- install ------------------------------------------------------------------------------------
     def install(self, scan: bool = False) -> "HandOver":
@@ -115,6 +219,7 @@ class HandOver:
 
         global _compiling
         _compiling = compiling_check()
+        _bind_call()
 
         self.active = True
         self._other.append(nn_module.register_module_module_registration_hook(self._on_child))
@@ -163,6 +268,7 @@ class HandOver:
                 self._hook(m)
 
     def uninstall(self) -> None:
+        self.give_call()
         self.active = False
         for h in self._global + self._other:
             remove_global_hook(h)
@@ -278,27 +384,7 @@ class HandOver:
                                  else bool(output_grad_tensors(output)))
                             and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
                                  else None) == lane.acd):
-                        end = _pc()
-                        probe.depth = 0
-                        # the step's samples as Probe._on_top_forward counts its first training forward
-                        hint = probe.steps.last_batch_samples
-                        t = args[0] if args else None
-                        shape = t.shape if type(t) is ts.Tensor else None
-                        if shape and t.is_floating_point():
-                            samples = shape[0]
-                            if hint is not None and samples != hint and hint in shape:
-                                samples = hint
-                            lane.samples = samples
-                            lane.tokens = None
-                        else:
-                            lane.samples, lane.tokens = samples_of(args, kwargs, hint)
-                        lane.f_start = probe.forward_start
-                        lane.f_end = end
-                        lane.bare_s = 0.0
-                        lane.phase = 2
-                        self.outermost_forwards += 1
-                        if self.discovering or self._pending is not None:
-                            self._after_outermost()
+                        self._lane_forward(probe, lane, args, kwargs, _pc())
                         return None
             except Exception:
                 pass
@@ -327,6 +413,30 @@ class HandOver:
         if probe.depth == 0 and (self.discovering or self._pending is not None) and not probe.in_backward:
             self._after_outermost()
         return r
+
+    def _lane_forward(self, probe, lane, args, kwargs, end: float) -> None:
+        """The lane's model forward ended at ``end`` (its hook or the lane's call checked it): its clock
+        values and the step's samples, as Probe._on_top_forward counts a step's first training forward."""
+        probe.depth = 0
+        hint = probe.steps.last_batch_samples
+        t = args[0] if args else None
+        ts = TorchState
+        shape = t.shape if type(t) is ts.Tensor else None
+        if shape and t.is_floating_point():
+            samples = shape[0]
+            if hint is not None and samples != hint and hint in shape:
+                samples = hint
+            lane.samples = samples
+            lane.tokens = None
+        else:
+            lane.samples, lane.tokens = samples_of(args, kwargs, hint)
+        lane.f_start = probe.forward_start
+        lane.f_end = end
+        lane.bare_s = 0.0
+        lane.phase = 2
+        self.outermost_forwards += 1
+        if self.discovering or self._pending is not None:
+            self._after_outermost()
 
     def note(self, module, bare: bool = False, had_model: bool = False) -> None:
         """The probe saw ``module`` called as an outermost module (``bare``: without parameters;
@@ -385,6 +495,7 @@ class HandOver:
     def _add_globals(self) -> None:
         from torch.nn.modules import module as nn_module
 
+        self.give_call()      # (a window sees the lane's model through its hooks: _mine)
         self._global.append(nn_module.register_module_forward_pre_hook(self._g_pre))
         self._global.append(nn_module.register_module_forward_hook(self._g_post, with_kwargs=True,
                                                                    always_call=True))
@@ -393,6 +504,7 @@ class HandOver:
     def lift(self):
         """Take the probe's hooks out of the hooked modules and, in a window, torch's global hooks out:
         a call that compiles or traces a module sees none of diag's."""
+        self.give_call()      # (the lane's model: its hooks back first, taken out below with the others)
         mods = [ref() for ref, _a, _b in self._hooked.values()]
         token = lift_module_hooks([m for m in mods if m is not None])
         # the window's global hooks: out of torch's dictionaries and back under the same ids (marks.
@@ -480,6 +592,82 @@ class HandOver:
 
     def hooked(self) -> int:
         return len(self._hooked)
+
+    # ---- the lane's call (issue 28) ------------------------------------------------------------------
+    # While the lane (diag.probe.lane) is on, its model's forward need not pay for torch's hooked path: any
+    # entry in a module's hook dictionaries sends each call of it through Module._call_impl's slow path
+    # (a closure, the dictionaries walked, ~3.5 µs a step on bench_depth's 11-call step: bench/hook_floor.py
+    # --call). The lane takes the probe's two hooks out of the model (same ids, put back in place) and
+    # calls the model itself: torch's own door for that, the instance's ``_compiled_call_impl`` (what
+    # ``Module.compile()`` sets; ``Module.__getstate__`` leaves it out of every pickle and copy, and diag's
+    # reduction (marks) does for a class with a state of its own). Only where the probe's hooks are the
+    # model's only forward hooks and no global hook exists (the call then runs on torch's fast path, as the
+    # hooks saw it), never once torch.compile is in use, and never while a window, a lifting or anything
+    # that reads the hooks (give_call) is on.
+    def take_call(self, module, lane) -> bool:
+        """Take the probe's hooks out of ``module`` (the lane's model, the lane just armed) and call it
+        through :func:`_lane_call` instead. False (nothing changed) where that is not the same call."""
+        if self._call is not None:
+            self.give_call()
+        probe = self.probe
+        if (_CALL is None or not self.active or self.discovering or self._global or self._lifted
+                or self._pending is not None or getattr(probe, "compile_used", True)):
+            return False
+        ent = self._hooked.get(id(module))
+        cls = type(module)
+        if (ent is None or ent[0]() is not module or cls.__call__ is not _CALL[0]
+                or getattr(cls, "__copy__", None) is not None or getattr(cls, "__deepcopy__", None) is not None):
+            # (a class that copies itself may copy its __dict__ as it is: the copy's calls would be this
+            # model's; a copy made through __reduce_ex__ is cleaned by diag's reduction, marks.clean_state)
+            return False
+        d = getattr(module, "__dict__", None)
+        if type(d) is not dict or d.get("_compiled_call_impl") is not None:
+            return False
+        _ref, a, b = ent
+        pre, post = d.get("_forward_pre_hooks"), d.get("_forward_hooks")
+        g = _CALL[1]
+        if (not pre or not post or len(pre) != 1 or len(post) != 1 or a.id not in pre or b.id not in post
+                or d.get("_backward_hooks") or d.get("_backward_pre_hooks")
+                or g._global_forward_pre_hooks or g._global_forward_hooks
+                or g._global_backward_pre_hooks or g._global_backward_hooks):
+            return False
+        saved = []
+        for name, hid in (("_forward_pre_hooks", a.id), ("_forward_pre_hooks_with_kwargs", a.id),
+                          ("_forward_hooks", b.id), ("_forward_hooks_with_kwargs", b.id),
+                          ("_forward_hooks_always_called", b.id)):
+            hooks = d.get(name)
+            if hooks is not None and hid in hooks:
+                saved.append((hooks, hid, hooks.pop(hid)))
+        fn = _lane_call(self, probe, lane, ent[0])
+        d[CALL_MARK] = fn
+        mark_attribute(module, CALL_MARK)
+        self._call = (ent[0], a, b, saved, fn)
+        self.calls_taken += 1
+        return True
+
+    def give_call(self) -> None:
+        """Put the probe's hooks back on the lane's model (in place: first in their dictionaries, as
+        they were registered before any hook the script added since) and drop the lane's call."""
+        c, self._call = self._call, None
+        if c is None:
+            return
+        ref, a, b, saved, fn = c
+        module = ref()
+        if module is None:
+            return
+        d = module.__dict__
+        if d.get(CALL_MARK) is fn:
+            del d[CALL_MARK]
+        unmark_attribute(module, CALL_MARK)
+        ent = self._hooked.get(id(module))
+        if not self.active or ent is None or ent[1] is not a or ent[2] is not b:
+            return                          # (unhooked meanwhile: nothing to put back)
+        for hooks, hid, v in saved:
+            if hid not in hooks:
+                hooks[hid] = v
+                if len(hooks) > 1 and hasattr(hooks, "move_to_end"):
+                    hooks.move_to_end(hid, last=False)
+
 
     # ---- signals ------------------------------------------------------------------------------------
     def _live(self) -> bool:

@@ -72,6 +72,11 @@ def lane_enabled() -> bool:
     return os.environ.get("DIAG_PROBE_LANE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def lane_call_enabled() -> bool:
+    """``DIAG_PROBE_LANE_CALL=0``: the lane's model keeps the probe's hooks (torch's hooked path) on the lane."""
+    return os.environ.get("DIAG_PROBE_LANE_CALL", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def calibrate_entry_ns(rounds: int = 5, calls: int = 64) -> float:
     """What one of the lane's hook entries costs beyond the hook call itself, warm: a clock read and
     a few stores on a slotted object (the lowest of ``rounds`` runs of ``calls``)."""
@@ -183,10 +188,12 @@ class Lane:
                  "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
-                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest", "inclos")
+                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest", "inclos",
+                 "call_ok")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
+        self.call_ok = lane_call_enabled()   # the model called through the lane's call (HandOver.take_call)
         self.on = False
         self.phase = 0           # 0 awaiting the fetch, 1 fetched, 2 forwarded, 3 backward done, 4 optimizer running,
         #                          5 optimizer stepped, the group open until the next fetch (other optimizers alive)
@@ -347,6 +354,8 @@ class Lane:
         self.phase = self.rest
         self.quiet = 0
         self.on = True
+        if self.call_ok:
+            ho.take_call(model, self)     # its model called without torch's hooked path (HandOver.take_call)
 
     def extensions_ok(self, p) -> bool:
         """Every extension's per-step hook is idle, or its extension may skip unsampled steps (a class or
@@ -363,6 +372,9 @@ class Lane:
     def off(self, p) -> None:
         """Turn the lane off at a step's boundary: the budget gets the steps still waiting in its list."""
         self.on = False
+        ho = p._handover
+        if ho is not None and ho._call is not None:
+            ho.give_call()
         if self.nb or self.zg_n:
             self.settle_counts()
         if self.pend:

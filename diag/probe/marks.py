@@ -78,6 +78,7 @@ class ProbeHook(functools.partial):
 
 
 # ---- attributes set on one object -------------------------------------------------------------------
+CALL_MARK = "_compiled_call_impl"   # the lane's call on a module (diag.probe.handover.HandOver.take_call)
 _attrs: dict[int, tuple] = {}       # id(obj) -> (weakref or None, set of names)
 
 
@@ -140,6 +141,15 @@ def clean_state(module, state):
             hooks = out.get(name)
             if hooks and any(k in ids for k in hooks):
                 out[name] = OrderedDict((k, v) for k, v in hooks.items() if k not in ids)
+    if CALL_MARK in names:
+        # the probe's lane calls this module itself, its hooks taken out of these dictionaries for the
+        # while (diag.probe.handover.HandOver.take_call): a copy gets dictionaries of its own, as it does
+        # when the hooks are in (above); a shallow copy (copy.copy) would share them, and the probe's hooks
+        # on the copy (HandOver.restored) would land in the original's
+        for name in HOOK_DICTS:
+            hooks = out.get(name)
+            if hooks is not None and hooks is state.get(name):
+                out[name] = OrderedDict(hooks)
     return out
 
 
