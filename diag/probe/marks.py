@@ -6,7 +6,9 @@ The probe attaches two kinds of things to objects the script owns, and nothing e
 * **module-local forward hooks** on each outermost model (the hook hand-over, :mod:`diag.probe.handover`:
   the cheap route of a forward to the probe). They are :class:`ProbeHook` objects in the module's own
   hook dictionaries (``_forward_pre_hooks``, ``_forward_hooks`` and the id sets torch keeps beside them).
-* **attributes set on one object** (``Patches.patch_instance``: DDP's ``_sync_buffers``, timed).
+* **attributes set on one object** (``Patches.patch_instance``: DDP's ``_sync_buffers``, timed; and
+  the lane's call, ``_compiled_call_impl`` on the lane's model while the lane is on, its two hooks
+  taken out meanwhile: :meth:`diag.probe.handover.HandOver.take_call`).
 
 One rule keeps both out of the user's way: *whatever reads a module's state, or turns the module into
 something else, sees it as it would be without diag.* Two doors implement it:
