@@ -184,3 +184,33 @@ def test_no_call_on_a_model_whose_class_copies_itself(monkeypatch):
     _model, probe, _events = _under_probe(lambda: _loop(at, steps=100, model_cls=CopiesItsDict), monkeypatch)
     assert probe._lane.steps > 20 and probe._handover.calls_taken == 0
     assert seen == [(torch.Size([4, 3]), torch.Size([4, 3]))]
+
+
+@pytest.mark.parametrize("lane", ["1", "0"])
+def test_the_probe_keeps_no_model_or_optimizer_alive(lane, monkeypatch):
+    """A script that drops its model and optimizer (a sweep in one process, a model freed before the
+    next one is built) frees them under the probe as it does bare: the probe, still installed, holds
+    neither (the outermost forward's module was kept until the next forward, and with it the model's
+    memory: on a GPU, memory the script freed bare and not under diag)."""
+    import weakref
+
+    from diag.probe.core import Probe
+
+    monkeypatch.setenv("DIAG_PROBE_LANE", lane)
+    monkeypatch.setenv("DIAG_PROBE_BUDGET", "0.0001%")
+    gc.collect()
+    probe = Probe(lambda e: None, script=__file__)
+    probe.install()
+    try:
+        refs = []
+        for _run in range(2):
+            model = _loop(lambda i, m, x: None, steps=60)
+            refs.append(weakref.ref(model))
+            del model
+            gc.collect()
+        assert probe._lane.steps > 20 or lane == "0"
+        assert [r() for r in refs] == [None, None]
+        assert not [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]
+    finally:
+        probe.finish("completed", 0)
+        probe.uninstall()

@@ -852,6 +852,8 @@ class Probe:
         self._patches.undo()
         if getattr(self, "_unsilence", None) is not None:
             self._unsilence()
+        if children._PARENT is self:
+            children._PARENT = None     # (nothing of a probe that ended stays reachable from diag's modules)
 
     # ---- end of run --------------------------------------------------------------------------------
     def finish(self, status: str, exit_code: int | None = None, exception: BaseException | None = None,
@@ -959,8 +961,11 @@ class Probe:
             self.depth = 0
             return None
         if self.depth == self._top_depth - 1 and module is self._top_module:
+            # the model's forward is over: the probe lets go of it (kept, it held the model and its memory
+            # after the script dropped them, until another model's forward)
+            self._top_module = None
             if self.depth > 0:          # a model called by a parameterless module: look for another
-                self._top_module, self._top_depth, self._seek_model = None, 0, True
+                self._top_depth, self._seek_model = 0, True
             ho = self._handover
             if ho is not None:           # HandOver.note, inlined (per outermost forward)
                 ho.outermost_forwards += 1

@@ -418,6 +418,7 @@ class HandOver:
         """The lane's model forward ended at ``end`` (its hook or the lane's call checked it): its clock
         values and the step's samples, as Probe._on_top_forward counts a step's first training forward."""
         probe.depth = 0
+        probe._top_module = None      # (the forward is over: the probe keeps no reference to the model)
         hint = probe.steps.last_batch_samples
         t = args[0] if args else None
         ts = TorchState
