@@ -214,3 +214,34 @@ def test_the_probe_keeps_no_model_or_optimizer_alive(lane, monkeypatch):
     finally:
         probe.finish("completed", 0)
         probe.uninstall()
+
+
+@pytest.mark.parametrize("wrap", ["DataParallel", "Sequential"])
+def test_a_model_wrapped_mid_run_gets_its_hooks_back_first(wrap, monkeypatch):
+    """The lane's model made another module's child in the middle of the run (DataParallel, whose
+    replicas copy the module's ``__dict__`` as it is; any wrapper): the lane's call is given back when
+    the child is registered, before the parent's first forward; the run computes what it does bare."""
+    seen: dict = {}
+
+    class Loop:
+        def __init__(self):
+            self.wrapped = None
+
+        def __call__(self, i, model, x):
+            if i == 50:
+                seen["before"] = _calls_itself(model)
+                self.wrapped = nn.DataParallel(model) if wrap == "DataParallel" else nn.Sequential(model)
+                seen["after"] = "_compiled_call_impl" in model.__dict__
+            if self.wrapped is not None:
+                with torch.no_grad():
+                    seen.setdefault("outs", []).append(self.wrapped(x))
+
+    bare = _loop(Loop())
+    bare_outs, seen = seen.pop("outs"), {}
+    model, probe, events = _under_probe(lambda: _loop(Loop()), monkeypatch)
+    assert seen["before"] is True and seen["after"] is False
+    for a, b in zip(bare_outs, seen["outs"]):
+        assert torch.equal(a, b)
+    for k, v in bare.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    assert not [e for e in events if e["kind"] == "probe_error"]

@@ -675,6 +675,11 @@ class HandOver:
         return self.active and not self._lifted and self.probe.is_live()
 
     def _on_child(self, parent, name, child):
+        c = self._call
+        if c is not None and child is not None and c[0]() is child:
+            # the lane's model becomes another module's child (DataParallel, DDP, a wrapper): its hooks back
+            # before the parent's first forward (DataParallel's replicas copy a module's __dict__ as it is)
+            self.give_call()
         if child is None or not self._live():
             return None
         t0 = time.perf_counter_ns()
