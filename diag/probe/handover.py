@@ -81,9 +81,7 @@ def _lane_call(ho, probe, lane, ref):
     and the probe's two hooks do for one forward, the lane's case first, torch's fast path for the rest.
     Anything that is not the lane's forward calls the hooks' own functions, in the order and with the
     arguments torch calls them (an always-called post hook on a forward that raised included)."""
-    local_pre, local_post = ho._local_pre, ho._local_post
-    getframe = sys._getframe
-    ts = TorchState
+    local_pre, local_post, lane_end = ho._local_pre, ho._local_post, ho._lane_end
 
     def diag_lane_call(*args, **kwargs):
         module = ref()
@@ -127,22 +125,11 @@ def _lane_call(ho, probe, lane, ref):
                 warnings.warn("module forward hook with ``always_call=True`` raised an exception that was "
                               f"silenced as another error was raised in forward: {e}", stacklevel=2)
             raise
-        if taken and lane.phase == 1 and probe.depth == 1 and probe._top_module is module and output is not None:
-            # HandOver._local_post's lane case (the model's forward ends), the call site two frames out
-            # (this function's caller is Module._wrapped_call_impl)
-            try:
-                if (probe.active and not probe._forked and not probe._in_data and not probe.in_backward
-                        and module.training is True):
-                    f = getframe(2)
-                    if (f.f_code is lane.code and f.f_lasti == lane.lasti and ts.grad()
-                            and (output.requires_grad if type(output) is ts.Tensor
-                                 else bool(output_grad_tensors(output)))
-                            and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
-                                 else None) == lane.acd):
-                        ho._lane_forward(probe, lane, args, kwargs, _pc())
-                        return output
-            except Exception:
-                pass
+        if (taken and lane.phase == 1 and probe.depth == 1 and probe._top_module is module and output is not None
+                and lane_end(probe, lane, module, args, kwargs, output, 3)):
+            # HandOver._local_post's lane case (the model's forward ended), the call site three frames out of
+            # HandOver._lane_end (this function's caller is Module._wrapped_call_impl)
+            return output
         r = local_post(module, args, kwargs, output)
         return output if r is None else r
 
@@ -374,20 +361,8 @@ class HandOver:
             # the lane's model forward ends (diag.probe.lane): its call-site key's parts checked, not rebuilt
             # (Probe._on_top_forward builds the key on the full path), here rather than one frame further in
             # Probe.fwd_post; anything unexpected goes on to fwd_post, which hands the step back
-            try:
-                if (probe.active and not probe._forked and not probe._in_data and not probe.in_backward
-                        and module.training is True and module is lane.mref()):
-                    ts = TorchState
-                    f = sys._getframe(lane.site_depth)
-                    if (f.f_code is lane.code and f.f_lasti == lane.lasti and ts.grad()
-                            and (output.requires_grad if type(output) is ts.Tensor
-                                 else bool(output_grad_tensors(output)))
-                            and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
-                                 else None) == lane.acd):
-                        self._lane_forward(probe, lane, args, kwargs, _pc())
-                        return None
-            except Exception:
-                pass
+            if self._lane_end(probe, lane, module, args, kwargs, output, lane.site_depth + 1):
+                return None
         elif (lane.on and lane.phase == 2 and probe.depth == 1 and id(module) == lane.bid
               and probe._top_module is None and not probe._bare_had_model and type(output) is TorchState.Tensor):
             # the lane's loss module ends: what Probe.fwd_post's lane case and note() do for it, here; a
@@ -414,30 +389,47 @@ class HandOver:
             self._after_outermost()
         return r
 
-    def _lane_forward(self, probe, lane, args, kwargs, end: float) -> None:
-        """The lane's model forward ended at ``end`` (its hook or the lane's call checked it): its clock
-        values and the step's samples, as Probe._on_top_forward counts a step's first training forward."""
-        probe.depth = 0
-        probe._top_module = None      # (the forward is over: the probe keeps no reference to the model)
-        hint = probe.steps.last_batch_samples
-        t = args[0] if args else None
-        ts = TorchState
-        shape = t.shape if type(t) is ts.Tensor else None
-        if shape and t.is_floating_point():
-            samples = shape[0]
-            if hint is not None and samples != hint and hint in shape:
-                samples = hint
-            lane.samples = samples
-            lane.tokens = None
-        else:
-            lane.samples, lane.tokens = samples_of(args, kwargs, hint)
-        lane.f_start = probe.forward_start
-        lane.f_end = end
-        lane.bare_s = 0.0
-        lane.phase = 2
-        self.outermost_forwards += 1
-        if self.discovering or self._pending is not None:
-            self._after_outermost()
+    def _lane_end(self, probe, lane, module, args, kwargs, output, depth: int) -> bool:
+        """The lane's model forward ends (its post-hook, or the lane's call; the call site ``depth`` frames
+        out of this one): when it is the forward the lane armed on (the same call site, in training mode
+        with grad on, its output requiring grad, the same autocast), its clock values and the step's
+        samples, as Probe._on_top_forward counts a step's first training forward (the call-site key's
+        parts checked, not rebuilt). False: anything else (the full path takes it and hands the step back)."""
+        try:
+            ts = TorchState
+            if not (probe.active and not probe._forked and not probe._in_data and not probe.in_backward
+                    and module.training is True and module is lane.mref()):
+                return False
+            f = sys._getframe(depth)
+            if not (f.f_code is lane.code and f.f_lasti == lane.lasti and ts.grad()
+                    and (output.requires_grad if type(output) is ts.Tensor else bool(output_grad_tensors(output)))
+                    and (ts.autocast_dtype(lane.dev) if ts.any_autocast() and ts.autocast(lane.dev)
+                         else None) == lane.acd):
+                return False
+            end = _pc()
+            probe.depth = 0
+            probe._top_module = None      # (the forward is over: the probe keeps no reference to the model)
+            hint = probe.steps.last_batch_samples
+            t = args[0] if args else None
+            shape = t.shape if type(t) is ts.Tensor else None
+            if shape and t.is_floating_point():
+                samples = shape[0]
+                if hint is not None and samples != hint and hint in shape:
+                    samples = hint
+                lane.samples = samples
+                lane.tokens = None
+            else:
+                lane.samples, lane.tokens = samples_of(args, kwargs, hint)
+            lane.f_start = probe.forward_start
+            lane.f_end = end
+            lane.bare_s = 0.0
+            lane.phase = 2
+            self.outermost_forwards += 1
+            if self.discovering or self._pending is not None:
+                self._after_outermost()
+        except Exception:
+            return False
+        return True
 
     def note(self, module, bare: bool = False, had_model: bool = False) -> None:
         """The probe saw ``module`` called as an outermost module (``bare``: without parameters;
