@@ -517,8 +517,8 @@ def with_a_forward_that_raises():
 
 def with_hooks_of_the_scripts_own():
     """The script registers a forward pre-hook and a forward hook that changes the output on its model
-    at step 40 (the lane's call on by then) and removes them at step 80: each runs once a forward, its
-    output is the one the step uses, and the lane goes on after."""
+    at step 40 (the lane's call on by then) and removes them at step 80: each runs once a forward
+    (OWN_HOOKS_SEEN, checked by the tests), and the lane goes on after."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = OWN_HOOKS_SEEN
