@@ -81,27 +81,14 @@ def _lane_call(ho, probe, lane, ref):
     and the probe's two hooks do for one forward, the lane's case first, torch's fast path for the rest.
     Anything that is not the lane's forward calls the hooks' own functions, in the order and with the
     arguments torch calls them (an always-called post hook on a forward that raised included)."""
-    local_pre, local_post, lane_end = ho._local_pre, ho._local_post, ho._lane_end
+    local_pre, local_post, lane_begin, lane_end = ho._local_pre, ho._local_post, ho._lane_begin, ho._lane_end
 
     def diag_lane_call(*args, **kwargs):
         module = ref()
         ph = lane.phase
         if ((ph == 1 or ph == 8 or (ph == 3 and (lane.rest or lane.queue))) and lane.on and not probe.depth
                 and not probe.in_backward and ho.active and not _compiling()):
-            # HandOver._local_pre's lane case (the model's forward begins)
-            if ph == 3:
-                lane.push()
-                if not lane.rest:
-                    lane.t_fetch, lane.dt_fetch = lane.queue.pop(0)
-            elif ph == 8:
-                lane.phase = 1
-            probe.forward_start = _pc()
-            probe.depth = 1
-            probe._top_module = module
-            probe._top_depth = 1
-            probe._seek_model = False
-            if probe._ext_live.get("on_forward_start", True):
-                probe._on_forward_start(module)
+            lane_begin(probe, lane, module)      # (HandOver._local_pre's lane case)
             taken = True
         else:
             taken = False
@@ -314,25 +301,8 @@ class HandOver:
         if (lane.on and (lane.phase == 1 or (lane.phase == 3 and (lane.rest or lane.queue)) or lane.phase == 8)
                 and id(module) == lane.mid and not probe.depth and not probe.in_backward):
             # the lane's model forward begins (diag.probe.lane): Probe.fwd_pre's outermost case, one frame
-            # and its has-parameters lookup less (the lane's model has them: it was armed on it); after a
-            # backward with no optimizer step, the next micro-batch (gradient accumulation) on a batch the
-            # script built, or one fetched ahead
-            if lane.phase == 3:
-                lane.push()
-                if not lane.rest:
-                    lane.t_fetch, lane.dt_fetch = lane.queue.pop(0)
-            elif lane.phase == 8:
-                # the closure mode, a forward before the optimizer's step: a micro-batch run outside the
-                # closure (Lightning's gradient accumulation calls the closure itself); the step's last one
-                # runs inside it (Probe._opt_pre at phase 1)
-                lane.phase = 1
-            probe.forward_start = _pc()
-            probe.depth = 1
-            probe._top_module = module
-            probe._top_depth = 1
-            probe._seek_model = False
-            if probe._ext_live.get("on_forward_start", True):
-                probe._on_forward_start(module)
+            # and its has-parameters lookup less (the lane's model has them: it was armed on it)
+            self._lane_begin(probe, lane, module)
             return None
         if lane.on and lane.phase == 2 and id(module) == lane.bid and not probe.depth and not probe.in_backward:
             # the lane's loss module begins (a parameterless outermost module after the model forward):
@@ -388,6 +358,30 @@ class HandOver:
         if probe.depth == 0 and (self.discovering or self._pending is not None) and not probe.in_backward:
             self._after_outermost()
         return r
+
+    @staticmethod
+    def _lane_begin(probe, lane, module) -> None:
+        """The lane's model forward begins (its pre-hook, or the lane's call, found it expected: after a
+        fetch; after a backward with no optimizer step, the next micro-batch of gradient accumulation, on
+        a batch the script built or one fetched ahead; in the closure mode, a micro-batch run outside the
+        closure): what Probe.fwd_pre's outermost case sets."""
+        ph = lane.phase
+        if ph == 3:
+            lane.push()
+            if not lane.rest:
+                lane.t_fetch, lane.dt_fetch = lane.queue.pop(0)
+        elif ph == 8:
+            # the closure mode, a forward before the optimizer's step: a micro-batch run outside the
+            # closure (Lightning's gradient accumulation calls the closure itself); the step's last one
+            # runs inside it (Probe._opt_pre at phase 1)
+            lane.phase = 1
+        probe.forward_start = _pc()
+        probe.depth = 1
+        probe._top_module = module
+        probe._top_depth = 1
+        probe._seek_model = False
+        if probe._ext_live.get("on_forward_start", True):
+            probe._on_forward_start(module)
 
     def _lane_end(self, probe, lane, module, args, kwargs, output, depth: int) -> bool:
         """The lane's model forward ends (its post-hook, or the lane's call; the call site ``depth`` frames
