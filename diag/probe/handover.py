@@ -31,7 +31,7 @@ import time
 import warnings
 import weakref
 
-from diag.probe.hooks import _never, compiling_check, run_eagerly
+from diag.probe.hooks import _never, compiling_check, env_on, run_eagerly
 from diag.probe.marks import (  # noqa: F401
     CALL_MARK,
     ProbeHook,
@@ -138,7 +138,7 @@ _NO_BACKOFF = ("install", "new optimizer", "a step no known forward fed", "perio
 
 
 def handover_enabled() -> bool:
-    return os.environ.get("DIAG_PROBE_HANDOVER", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_on("DIAG_PROBE_HANDOVER")
 
 
 # diag's module-local hooks: a type of their own, which the probe's reduction and lifting recognise

@@ -11,12 +11,18 @@ user's code). Two helpers do it for everyone:
 """
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
 
 def _never() -> bool:
     return False
+
+
+def env_on(name: str) -> bool:
+    """A probe switch that is on unless the environment says ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def compiling_check():

@@ -46,12 +46,11 @@ Nothing here imports torch or the probe's core: the probe passes itself in.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
 from diag.evidence import events as E
-from diag.probe.hooks import DiagStop
+from diag.probe.hooks import DiagStop, env_on
 from diag.probe.stepmachine import closure_of
 
 STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
@@ -69,12 +68,12 @@ _pc = time.perf_counter
 
 
 def lane_enabled() -> bool:
-    return os.environ.get("DIAG_PROBE_LANE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_on("DIAG_PROBE_LANE")
 
 
 def lane_call_enabled() -> bool:
     """``DIAG_PROBE_LANE_CALL=0``: the lane's model keeps the probe's hooks (torch's hooked path) on the lane."""
-    return os.environ.get("DIAG_PROBE_LANE_CALL", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_on("DIAG_PROBE_LANE_CALL")
 
 
 def calibrate_entry_ns(rounds: int = 5, calls: int = 64) -> float:
