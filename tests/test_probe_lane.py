@@ -546,7 +546,7 @@ def with_hooks_of_the_scripts_own():
 OWN_HOOKS_SEEN = [0, 0]     # the calls of the script's own pre-hook and hook (with_hooks_of_the_scripts_own)
 
 
-def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True, call: bool = True):
+def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True, call: bool = True, sink_cls=None):
     """The script under a probe; its events as the file sink wrote them (``file``: the lane's quiet steps
     go to the sink's writer thread as records, built into events there), or as a callback got them.
     ``call``: the lane calls its model itself (HandOver.take_call), or keeps the probe's hooks on it."""
@@ -568,7 +568,7 @@ def _run(script, monkeypatch, lane: bool, max_steps=None, file: bool = True, cal
     events: list = []
     fd, path = tempfile.mkstemp(suffix=".jsonl")
     os.close(fd)
-    sink = FileSink(path) if file else events.append
+    sink = (sink_cls or FileSink)(path) if file else events.append
     probe = Probe(sink, script=__file__, max_steps=max_steps)
     probe.install()
     status, err = "completed", None
@@ -720,6 +720,87 @@ def test_lane_through_a_callback_sink(monkeypatch):
     without, _ = _run(plain, monkeypatch, lane=False, file=False)
     assert probe._lane.steps > 10
     _same(with_lane, without)
+
+
+@pytest.mark.parametrize("name", ["plain", "accumulation_fetching_first", "teacher"])
+def test_quiet_steps_flushed_at_every_step_write_the_same_evidence(name, monkeypatch):
+    """The lane keeps its quiet steps' clock values and turns them into records at the next decision
+    (Lane.flush), or QUIET_NS after the last flush: flushed at every step instead, the same evidence."""
+    import diag.probe.lane as lane_mod
+
+    monkeypatch.setattr(lane_mod, "QUIET_NS", -1)
+    script, _ = SCRIPTS[name]
+    with_lane, probe = _run(script, monkeypatch, lane=True)
+    assert probe._lane.steps > 10
+    without, _ = _run(script, monkeypatch, lane=False)
+    _same(with_lane, without)
+
+
+def test_quiet_steps_reach_the_file_when_the_writer_cannot_take_them(monkeypatch):
+    """The sink's writer stops taking records mid-run (``ready`` False, as a failed write leaves it): the
+    quiet steps the lane kept go through the sink's call, as events, and none is lost."""
+    import diag.probe.lane as lane_mod
+    from diag.probe.sink import FileSink
+
+    built = []
+    build = lane_mod.build_step
+    monkeypatch.setattr(lane_mod, "build_step", lambda rec: built.append(rec[1]) or build(rec))
+
+    class Stalling(FileSink):
+        def __init__(self, path):
+            super().__init__(path)
+            put, n = self._pending.append, [0]
+
+            def defer(rec):
+                n[0] += 1
+                if n[0] == 3:
+                    self.ready = False
+                put(rec)
+            self.defer = defer
+
+    with_lane, probe = _run(plain, monkeypatch, lane=True, sink_cls=Stalling)
+    assert probe._lane.steps > 10 and len(built) > 10, (probe._lane.steps, len(built))
+    without, _ = _run(plain, monkeypatch, lane=False)
+    _same(with_lane, without)
+
+
+MARKS: list = []
+
+
+def with_an_event_of_the_probe_mid_run():
+    model, crit = _model(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(_loader(120)):
+        opt.zero_grad()
+        crit(model(x), y).backward()
+        opt.step()
+        if i % 25 == 24:
+            MARKS[0].emit("marker", after=i + 1)
+
+
+def test_an_event_emitted_mid_run_keeps_its_place_after_the_quiet_steps(monkeypatch):
+    """An event the probe emits between two lane steps lands in the file after every step before it,
+    the quiet steps the lane still keeps on the step's thread included (Probe.emit_dict flushes them)."""
+    from diag.probe.core import Probe
+
+    install = Probe.install
+
+    def capture(self, *a, **k):
+        MARKS[:] = [self]
+        return install(self, *a, **k)
+
+    monkeypatch.setattr(Probe, "install", capture)
+    events, probe = _run(with_an_event_of_the_probe_mid_run, monkeypatch, lane=True)
+    assert probe._lane.steps > 10
+    last, seen = 0, []
+    for e in events:
+        if e["kind"] == "step":
+            assert e["index"] == last + 1
+            last = e["index"]
+        elif e["kind"] == "marker":
+            assert last == e["after"], (last, e)
+            seen.append(e["after"])
+    assert seen == [25, 50, 75, 100], seen
 
 
 def test_lane_hands_back_mid_step(monkeypatch):

@@ -140,6 +140,30 @@ def test_a_script_that_ends_with_os_exit_loses_no_step_event(tmp_path):
     assert steps == [1, 2, 3, 4]     # all written well within FLUSH_S: only the os._exit patch saves them
 
 
+def test_os_exit_mid_run_loses_none_of_the_lanes_quiet_steps(tmp_path):
+    """The probe's lane keeps its quiet steps' clock values on the step's thread until the next decision
+    (diag.probe.lane.Lane.flush): os._exit between two of them writes them all first."""
+    script = tmp_path / "exits.py"
+    script.write_text(textwrap.dedent("""
+        import os, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), 0.1)
+        for i, (x,) in enumerate(DataLoader(TensorDataset(torch.randn(1600, 4)), batch_size=8)):
+            opt.zero_grad(); m(x).sum().backward(); opt.step()
+            if i == 149:
+                os._exit(0)
+    """))
+    events = tmp_path / "events.jsonl"
+    env = dict(os.environ, DIAG_EVENTS=str(events), DIAG_PROBE_BUDGET="0.0001%")   # (1 step in 64 sampled)
+    r = subprocess.run([sys.executable, "-m", "diag.probe", str(script)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    steps = [e for e in _lines(events) if e["kind"] == "step"]
+    assert [e["index"] for e in steps] == list(range(1, 151))
+    assert sum(1 for e in steps if e.get("sampled") is False) > 100     # the lane's steps
+
+
 def test_a_loaders_per_pass_record_leaves_the_step_thread_too(tmp_path):
     """issue 28: a `dataloader` event each epoch, written in place, encoded every waiting step event on
     the step's thread (~80 µs a step on a loader of 8 batches): it is deferred like a step, in order."""

@@ -181,6 +181,8 @@ class Probe:
         """:meth:`emit` of a dict the caller hands over (not copied: the per-step event)."""
         if self._forked:
             return
+        if self._lane.qbuf:
+            self.flush_lane()    # (the lane's quiet steps first: the file keeps the order of emission)
         data["kind"] = kind
         # rounded to the µs by float arithmetic: round(x, 6) converts through a decimal string, ~0.2 µs
         # warm and several µs after a deep step's work evicted it from the caches (issue 20); the
@@ -193,6 +195,16 @@ class Probe:
         except Exception as e:  # never break the user's run because of our output
             self.report_error("sink", e)
         self._sink_ns += _ns() - t0
+
+    def flush_lane(self, any_thread: bool = False) -> None:
+        """The quiet steps the lane keeps on the step's thread (diag.probe.lane.Lane.flush), onto the sink:
+        from the step's thread only (it appends to them), unless the process is about to end."""
+        lane = self._lane
+        if lane.qbuf and (any_thread or lane.tid == threading.get_ident()):
+            try:
+                lane.flush(self)
+            except Exception as e:
+                self.report_error("lane", e)
 
     def report_error(self, where: str, e: BaseException) -> None:
         """A ``probe_error`` event, once per ``where``; never raises."""
@@ -676,6 +688,7 @@ class Probe:
         if callable(flush):
             def _exit(code, _orig=orig_exit, _flush=flush):
                 try:
+                    probe.flush_lane(any_thread=True)
                     _flush()
                 except BaseException:
                     pass
@@ -688,6 +701,7 @@ class Probe:
             def _execer(orig_exec):
                 def exec_(*args, _orig=orig_exec, _flush=flush):
                     try:
+                        probe.flush_lane(any_thread=True)
                         _flush()
                     except BaseException:
                         pass
@@ -801,6 +815,7 @@ class Probe:
     def _after_fork(self) -> None:
         # DataLoader workers (and other forks) inherit the hooks: they must stay silent.
         self._forked = True
+        self._lane.qbuf = []      # (the parent's quiet steps: the parent writes them)
 
     silence = _after_fork
 

@@ -28,7 +28,12 @@ cost budget, :mod:`diag.probe.budget`: the steps on which the per-step extras do
   pre-hook wraps the closure for the last one (:attr:`Lane.inclos` once it has);
 - **the step closes** in :meth:`Lane.close`: the same ``step`` event, key for key, as the step machine
   would have built from the same clock values, and the same bookkeeping of the probe (loader,
-  optimizer, call-site counts, the hand-over's boundary, the budget), with ``sampled: false``;
+  optimizer, call-site counts, the hand-over's boundary, the budget), with ``sampled: false``. A
+  *quiet* step (one on which the budget decides nothing, most of them) keeps its clock values only, as
+  one tuple; :meth:`Lane.flush` turns the kept ones into the probe's records (its time on each, the
+  budget's lists, the counts) at the next step that decides, the lane's end, an event the probe emits
+  (the file keeps the order of emission), ``os._exit``/``exec``, or :data:`QUIET_NS` after the last
+  flush, and hands their events to the sink's writer thread as one record, built into lines there;
 - **anything else** (another loader, a second forward, an evaluation, a closure where the armed step had
   none, a second call of the closure, ``torch.compile``,
   an exception, the run's end, an extension woken) hands the step back (:meth:`Lane.hand_back`): the
@@ -39,14 +44,18 @@ cost budget, :mod:`diag.probe.budget`: the steps on which the per-step extras do
 What a lane step does not do: call the extensions (their hooks are idle or ``LANE``), measure the
 probe's time on each hook (its ``probe_s`` is the close's measured time, the hooks' timed wrappers
 (``zero_grad``), and each of the lane's hook entries priced by a calibration at install, as the
-probe's other estimated parts are). ``DIAG_PROBE_LANE=0`` turns it off (every step on the full path).
+probe's other estimated parts are; on quiet steps the hooked calls no timer sees, counted between two
+flushes, are spread evenly over the steps between them). ``DIAG_PROBE_LANE=0`` turns it off (every step on the full path).
 
 Nothing here imports torch or the probe's core: the probe passes itself in.
 """
 from __future__ import annotations
 
 import json
+import threading
 import time
+from itertools import repeat
+from operator import add, sub, truediv
 from typing import Any
 
 from diag.evidence import events as E
@@ -56,6 +65,7 @@ from diag.probe.stepmachine import closure_of
 STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
 ARM_FROM = 6          # never before this step (the probe's first steps carry its one-off work)
 CORES = 16            # the lane steps whose median probe time is the budget's core (Lane.core_ns)
+QUIET_NS = 100_000_000   # a quiet step's record waits at most this long on the step's thread (Lane.flush)
 ENTRIES = 5           # the lane's hook entries a step priced by the calibration (fetch, zero_grad, forward, backward,
 #                       optimizer)
 # the extension hooks that run during a step (a step's end included): each live one must be LANE
@@ -179,6 +189,24 @@ def step_line(rec: tuple) -> dict | str:
                     int((n0 * 1e-9 - t0) * 1e6 + 0.5) / 1e6, rank, _fragment(tags, True))
 
 
+def quiet_records(batch: tuple):
+    """A batch of quiet steps (:meth:`Lane.flush`) as :func:`step_line`'s records, in order: each from the
+    clock values :meth:`Lane.close` kept, the probe's time on the step and the call site's count after it."""
+    _, recs, probes, n, skey, t0, rank, tags = batch
+    for (end, n0, _own, start, closed, data, fwd, bwd, o_start, samples, tokens, epoch, d0, f0, k, window,
+         idx), probe_ns in zip(recs, probes):
+        n += k
+        gap = f0 - (start if start > closed else closed) - d0     # (pre_forward_s: the step machine's)
+        yield (step_line, idx, end - start, data, fwd, bwd, end - o_start, samples, tokens, epoch or None, gap,
+               probe_ns, window, skey, n, n0, t0, rank, tags, k)
+
+
+def quiet_lines(batch: tuple) -> list:
+    """The writer thread's side of :meth:`Lane.flush`: a batch of quiet steps' lines (or events, where
+    :func:`step_line` leaves one to the encoder)."""
+    return [step_line(rec) for rec in quiet_records(batch)]
+
+
 class Lane:
     """The lane's state: whether it is on, what it expects (set when armed), what this step recorded."""
 
@@ -188,7 +216,7 @@ class Lane:
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
                  "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest", "inclos",
-                 "call_ok")
+                 "call_ok", "qbuf", "q_due", "tid")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -252,6 +280,11 @@ class Lane:
         # a quiet step's close (Lane.close) leaves three records of the probe to off() (Lane.settle): the
         # optimizer's step count, the hand-over's forwards at its last step, the call site's count
         self.pend = 0            # quiet steps not yet counted in those records
+        # and the quiet steps' records (Lane.close: their clock values), turned into the probe's records at
+        # the next decision, the lane's end, an event the probe emits, or QUIET_NS after the last (flush)
+        self.qbuf: list = []
+        self.q_due = 0
+        self.tid = 0             # the thread that armed the lane (the step's: only it flushes from emit)
         # the lane's fetches not yet counted in the loader's record (its batches, their wait, the longest
         # wait) and in the iterator's batch count: counted at off() (settle_counts), before anything reads them
         self.nb = 0
@@ -352,6 +385,7 @@ class Lane:
         self.fast = fast if fast[1] is not None else None
         self.phase = self.rest
         self.quiet = 0
+        self.tid = threading.get_ident()
         self.on = True
         if self.call_ok:
             ho.take_call(model, self)     # its model called without torch's hooked path (HandOver.take_call)
@@ -412,13 +446,64 @@ class Lane:
             self.zg_n = self.zg_ns = 0
 
     def settle(self, p) -> None:
-        """The records a quiet step's close leaves for later (:meth:`close`): the optimizer's step count,
-        the hand-over's forwards at the optimizer's last step, the call site's forward count."""
+        """The records a quiet step's close leaves for later (:meth:`close`): its event and the probe's
+        time on it (:meth:`flush`), the optimizer's step count, the hand-over's forwards at the optimizer's
+        last step, the call site's forward count."""
+        if self.qbuf:
+            self.flush(p)
         k, self.pend = self.pend, 0
         self.steps += k
         self.oinfo["steps"] += k
         p._handover._opts[self.opt_id] = self.ofw
         p._site_counts[self.skey] = self.n_site
+
+    def flush(self, p) -> None:
+        """The quiet steps closed since the last flush (:meth:`close` keeps each one's clock values): the
+        probe's time on each (as :meth:`own` takes it at a step's close; the hooked calls no timer sees,
+        counted since the last step event, spread evenly over them), the budget's lists (each step's wall
+        time, the core time of the step before it), the lane's cores, the call site's count; their events
+        onto the writer's queue in one record (:func:`quiet_lines`: the writer thread builds the lines),
+        or, where the writer cannot take them now, through the sink's call."""
+        buf = self.qbuf
+        if not buf:
+            return
+        self.qbuf = []
+        n = len(buf)
+        self.q_due = buf[-1][1] + QUIET_NS
+        ho = p._handover
+        w0, h0, b0 = p._est_marks
+        w1, h1, b1 = ho.window_calls, ho.local_calls, p._bwd_calls
+        p._est_marks = (w1, h1, b1)
+        est = (((w1 - w0) * p.slow_path_ns + (h1 - h0) * p.hooked_call_ns + (b1 - b0) * p.autograd_hook_ns) / n
+               + ENTRIES * self.entry_ns)
+        p._est_ns += est * n
+        # (the buffer's columns, the arithmetic over them in C: no bytecodes a step)
+        cols = tuple(zip(*buf))
+        owns = cols[2]
+        probes = list(map(add, map(sub, owns, (p._own_mark,) + owns[:-1]), repeat(est, n)))
+        p._own_mark = owns[-1]
+        self.q_tot.extend(map(sub, cols[0], cols[3]))
+        q_core = self.q_core
+        q_core.append(p._last_core_s)
+        q_core.extend(map(truediv, probes[:-1], repeat(1e9, n - 1)))
+        p._last_core_s = probes[-1] / 1e9
+        p._last_extras_s = 0.0
+        self.cores.extend(probes)
+        n_site = self.n_site
+        self.n_site = n_site + sum(cols[14])
+        fast = self.fast
+        if fast is not None and fast[0] is p.sink and fast[1].ready and not p._forked:
+            fast[1].defer((quiet_lines, buf, probes, n_site, self.skey, p.t0, p.rank, fast[2]))
+            return
+        if p._forked:
+            return
+        # (a writer that failed, a sink replaced: each event through the sink's call, which raises the
+        # writer's error for the probe to report, and adds the sink's tags)
+        for rec in quiet_records((None, buf, probes, n_site, self.skey, p.t0, p.rank, None)):
+            try:
+                p.sink(build_step(rec))
+            except Exception as e:
+                p.report_error("sink", e)
 
     def micro_batch(self) -> tuple:
         """The micro-batch being taken, as :attr:`mbs` keeps one: ``(t_fetch, dt_fetch, f_start, f_end,
@@ -567,50 +652,57 @@ class Lane:
         self.phase = self.rest
         self.inclos = False
         idx = sm.done + 1
-        fast = self.fast
         try:
-            # the step's parts: one micro-batch's clock values, or the sums of gradient accumulation's
-            start = sm.last_boundary
-            if self.acc:
-                k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
-            else:
-                k = 1
-                d0 = data = self.dt_fetch
-                fwd = self.f_end - self.f_start + self.bare_s
-                bwd = self.b_end - self.b_start
-                samples, tokens = self.samples, self.tokens
-                f0 = self.f_start
-            closed = sm.closed_at
-            total = end - start
-            gap = f0 - (start if start > closed else closed) - d0     # (pre_forward_s: the step machine's)
-            if (idx <= self.quiet and not p._last_sampled and fast is not None and fast[1].ready
-                    and fast[0] is p.sink and not p._site_dirty):
-                # a quiet step (no decision of the budget, no extension, the writer's queue open): its clock
-                # values, as a record the sink's writer thread builds the step event from (build_step: the
-                # same event, key for key); the probe's records it touches are counted at off() (settle)
+            if idx <= self.quiet and not p._last_sampled and self.fast is not None and not p._site_dirty:
+                # a quiet step (no decision of the budget, no extension, a writer thread to write its event):
+                # its clock values kept, as a record (flush: the probe's records, the budget's lists and the
+                # step's event from it later, the event built on the sink's writer thread, build_step's key
+                # for key); the probe's records it touches are counted at off() (settle)
+                if self.acc:
+                    k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
+                else:
+                    k = 1
+                    d0 = data = self.dt_fetch
+                    fwd = self.f_end - self.f_start + self.bare_s
+                    bwd = self.b_end - self.b_start
+                    samples, tokens = self.samples, self.tokens
+                    f0 = self.f_start
+                ho = p._handover
+                s = ho.steps + 1
+                if s < ho.next_periodic and not ho.step_in_window and not ho.discovering and ho._pending is None:
+                    ho.steps = s        # (HandOver.boundary's common case: no window open, none due)
+                    window = False
+                else:
+                    window = ho.boundary()
+                self.qbuf.append((end, n0, p.own_ns, sm.last_boundary, sm.closed_at, data, fwd, bwd, self.o_start,
+                                  samples, tokens, sm.epoch, d0, f0, k, window, idx))
                 sm.last_boundary = end
                 sm.done = idx
                 self.pend += 1          # (self.steps counts it at settle)
                 p.depth = 0
                 p._seek_model = False
-                self.q_tot.append(total)
-                self.q_core.append(p._last_core_s)
-                ho = p._handover
-                window = ho.boundary()
                 self.ofw = ho.outermost_forwards
-                n = self.n_site = self.n_site + k
-                probe_ns = self.own(p, ho, n0)
-                self.cores.append(probe_ns)
-                p._last_core_s = probe_ns / 1e9
-                p._last_extras_s = 0.0
-                fast[1].defer((step_line, idx, total, data, fwd, bwd, end - self.o_start, samples, tokens,
-                               sm.epoch or None, gap, probe_ns, window, self.skey, n, n0, p.t0, p.rank, fast[2], k))
                 if ho.discovering or ho._pending is not None:
                     self.off(p)
                     self.streak = 0
+                elif n0 > self.q_due:
+                    self.flush(p)
             else:
                 if self.pend:
                     self.settle(p)
+                start = sm.last_boundary
+                if self.acc:
+                    k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
+                else:
+                    k = 1
+                    d0 = data = self.dt_fetch
+                    fwd = self.f_end - self.f_start + self.bare_s
+                    bwd = self.b_end - self.b_start
+                    samples, tokens = self.samples, self.tokens
+                    f0 = self.f_start
+                closed = sm.closed_at
+                total = end - start
+                gap = f0 - (start if start > closed else closed) - d0     # (pre_forward_s: the step machine's)
                 opt = end - self.o_start        # (step_event clamps it at 0)
                 sm.last_boundary = end
                 sm.done = idx

@@ -43,8 +43,9 @@ class FileSink:
     place cost more than the step event did); their dicts are never changed after they are emitted.
     Any other event, and
     :meth:`close`, write the waiting step events first, so the file keeps the order of emission. A
-    crash that kills the process outright (SIGKILL, ``os._exit``) loses at most the last 0.2 s of step
-    events. Writes are ``os.write`` on an ``O_APPEND`` descriptor (no Python-level buffer a forked
+    crash that kills the process outright (SIGKILL) loses at most the last 0.2 s of step events (0.3 s
+    of the probe's lane: its quiet steps wait up to 0.1 s on the step's thread, diag.probe.lane.QUIET_NS;
+    ``os._exit`` and ``exec`` write them all first). Writes are ``os.write`` on an ``O_APPEND`` descriptor (no Python-level buffer a forked
     child could write a second time); a fork waits for a write in progress to end."""
 
     def __init__(self, path: str, defer_steps: bool = True):
@@ -123,10 +124,12 @@ class FileSink:
     def _line(self, event: Any) -> str:
         if type(event) is tuple:
             # a record to build the event's line (or the event) from, here (the probe's lane:
-            # diag.probe.lane.step_line)
+            # diag.probe.lane.step_line), or a batch of them, their lines (diag.probe.lane.quiet_lines)
             event = event[0](event)
             if type(event) is str:
                 return event
+            if type(event) is list:
+                return "\n".join([x if type(x) is str else self._line(x) for x in event])
         try:
             return self._enc.encode(event)
         except (ValueError, TypeError):   # NaN or infinity (JSON has no spelling for them), odd keys
