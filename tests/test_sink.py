@@ -164,6 +164,26 @@ def test_os_exit_mid_run_loses_none_of_the_lanes_quiet_steps(tmp_path):
     assert sum(1 for e in steps if e.get("sampled") is False) > 100     # the lane's steps
 
 
+def test_the_writer_counts_a_record_of_many_steps_as_its_lines(tmp_path):
+    """The writer thread holds the GIL for CHUNK lines at a time: a record of many steps (the probe's
+    lane hands its quiet steps over in batches, diag.probe.lane.quiet_lines) counts as its lines."""
+    from diag.probe.sink import CHUNK
+
+    s = FileSink(str(tmp_path / "events.jsonl"))
+
+    def build(rec):
+        return ['{"kind": "step", "index": %d}' % i for i in rec[1]]
+
+    build.count = lambda rec: len(rec[1])
+    size = CHUNK // 2 + 1
+    for k in range(4):
+        s._pending.append((build, list(range(size * k, size * k + size))))
+    first = s._drain_lines(CHUNK)
+    assert len(first) == 2 and sum(len(x.split("\n")) for x in first) == 2 * size     # ~CHUNK lines, not 4 records
+    assert len(s._drain_lines()) == 2       # the rest, all at once (a flush)
+    s.close()
+
+
 def test_a_loaders_per_pass_record_leaves_the_step_thread_too(tmp_path):
     """issue 28: a `dataloader` event each epoch, written in place, encoded every waiting step event on
     the step's thread (~80 µs a step on a loader of 8 batches): it is deferred like a step, in order."""

@@ -816,6 +816,7 @@ class Probe:
         # DataLoader workers (and other forks) inherit the hooks: they must stay silent.
         self._forked = True
         self._lane.qbuf = []      # (the parent's quiet steps: the parent writes them)
+        self._lane.q_extra = 0
 
     silence = _after_fork
 

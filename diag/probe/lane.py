@@ -191,10 +191,20 @@ def step_line(rec: tuple) -> dict | str:
 
 def quiet_records(batch: tuple):
     """A batch of quiet steps (:meth:`Lane.flush`) as :func:`step_line`'s records, in order: each from the
-    clock values :meth:`Lane.close` kept, the probe's time on the step and the call site's count after it."""
+    clock values :meth:`Lane.close` kept (one micro-batch's, or gradient accumulation's sums), the
+    probe's time on the step and the call site's count after it."""
     _, recs, probes, n, skey, t0, rank, tags = batch
-    for (end, n0, _own, start, closed, data, fwd, bwd, o_start, samples, tokens, epoch, d0, f0, k, window,
-         idx), probe_ns in zip(recs, probes):
+    for r, probe_ns in zip(recs, probes):
+        if len(r) == 17:
+            end, n0, _own, start, closed, o_start, epoch, window, idx, d0, f0, f_end, bare_s, b_start, b_end, \
+                samples, tokens = r
+            data = d0
+            fwd = f_end - f0 + bare_s
+            bwd = b_end - b_start
+            k = 1
+        else:
+            end, n0, _own, start, closed, o_start, epoch, window, idx, k, data, fwd, bwd, samples, tokens, d0, f0, \
+                _acc = r
         n += k
         gap = f0 - (start if start > closed else closed) - d0     # (pre_forward_s: the step machine's)
         yield (step_line, idx, end - start, data, fwd, bwd, end - o_start, samples, tokens, epoch or None, gap,
@@ -207,6 +217,9 @@ def quiet_lines(batch: tuple) -> list:
     return [step_line(rec) for rec in quiet_records(batch)]
 
 
+quiet_lines.count = lambda batch: len(batch[1])     # type: ignore[attr-defined]  # (lines: the sink's CHUNK)
+
+
 class Lane:
     """The lane's state: whether it is on, what it expects (set when armed), what this step recorded."""
 
@@ -216,7 +229,7 @@ class Lane:
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
                  "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
                  "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest", "inclos",
-                 "call_ok", "qbuf", "q_due", "tid")
+                 "call_ok", "qbuf", "q_due", "q_extra", "tid")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
@@ -284,6 +297,7 @@ class Lane:
         # the next decision, the lane's end, an event the probe emits, or QUIET_NS after the last (flush)
         self.qbuf: list = []
         self.q_due = 0
+        self.q_extra = 0         # their micro-batches beyond one a step (gradient accumulation's)
         self.tid = 0             # the thread that armed the lane (the step's: only it flushes from emit)
         # the lane's fetches not yet counted in the loader's record (its batches, their wait, the longest
         # wait) and in the iterator's batch count: counted at off() (settle_counts), before anything reads them
@@ -490,7 +504,8 @@ class Lane:
         p._last_extras_s = 0.0
         self.cores.extend(probes)
         n_site = self.n_site
-        self.n_site = n_site + sum(cols[14])
+        self.n_site = n_site + n + self.q_extra
+        self.q_extra = 0
         fast = self.fast
         if fast is not None and fast[0] is p.sink and fast[1].ready and not p._forked:
             fast[1].defer((quiet_lines, buf, probes, n_site, self.skey, p.t0, p.rank, fast[2]))
@@ -655,34 +670,35 @@ class Lane:
         try:
             if idx <= self.quiet and not p._last_sampled and self.fast is not None and not p._site_dirty:
                 # a quiet step (no decision of the budget, no extension, a writer thread to write its event):
-                # its clock values kept, as a record (flush: the probe's records, the budget's lists and the
-                # step's event from it later, the event built on the sink's writer thread, build_step's key
-                # for key); the probe's records it touches are counted at off() (settle)
-                if self.acc:
-                    k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
-                else:
-                    k = 1
-                    d0 = data = self.dt_fetch
-                    fwd = self.f_end - self.f_start + self.bare_s
-                    bwd = self.b_end - self.b_start
-                    samples, tokens = self.samples, self.tokens
-                    f0 = self.f_start
+                # its clock values kept, as one tuple (flush: the probe's
+                # records, the budget's lists and the step's event from it later, the event built on the
+                # sink's writer thread, build_step's key for key); the probe's records it touches are
+                # counted at off() (settle)
                 ho = p._handover
                 s = ho.steps + 1
                 if s < ho.next_periodic and not ho.step_in_window and not ho.discovering and ho._pending is None:
                     ho.steps = s        # (HandOver.boundary's common case: no window open, none due)
-                    window = False
+                    window = stop = False
                 else:
                     window = ho.boundary()
-                self.qbuf.append((end, n0, p.own_ns, sm.last_boundary, sm.closed_at, data, fwd, bwd, self.o_start,
-                                  samples, tokens, sm.epoch, d0, f0, k, window, idx))
+                    stop = ho.discovering or ho._pending is not None
+                if self.acc:
+                    k, data, fwd, bwd, samples, tokens, d0, f0 = self.accumulated()
+                    self.q_extra += k - 1
+                    self.qbuf.append((end, n0, p.own_ns, sm.last_boundary, sm.closed_at, self.o_start, sm.epoch,
+                                      window, idx, k, data, fwd, bwd, samples, tokens, d0, f0, True))
+                else:
+                    # (one micro-batch: its clock values as they are, the parts worked out by the writer)
+                    self.qbuf.append((end, n0, p.own_ns, sm.last_boundary, sm.closed_at, self.o_start, sm.epoch,
+                                      window, idx, self.dt_fetch, self.f_start, self.f_end, self.bare_s, self.b_start,
+                                      self.b_end, self.samples, self.tokens))
                 sm.last_boundary = end
                 sm.done = idx
                 self.pend += 1          # (self.steps counts it at settle)
                 p.depth = 0
                 p._seek_model = False
                 self.ofw = ho.outermost_forwards
-                if ho.discovering or ho._pending is not None:
+                if stop:
                     self.off(p)
                     self.streak = 0
                 elif n0 > self.q_due:

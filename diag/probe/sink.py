@@ -136,16 +136,21 @@ class FileSink:
             return json.dumps(_scrub(event), default=str)
 
     def _drain_lines(self, limit: int = -1) -> list[str]:
+        """The waiting events' lines, in order: all of them, or about ``limit`` lines (a record of many
+        steps, diag.probe.lane.quiet_lines, counts as its steps: its builder's ``count``)."""
         out: list[str] = []
         pending = self._pending
-        while limit:
+        while True:
             try:
                 ev = pending.popleft()
             except IndexError:
                 return out
             out.append(self._line(ev))
-            limit -= 1
-        return out
+            if limit > 0:
+                count = getattr(ev[0], "count", None) if type(ev) is tuple else None
+                limit -= 1 if count is None else count(ev)
+                if limit <= 0:
+                    return out
 
     def _flush_chunked(self) -> None:
         """The writer thread's flush: :data:`CHUNK` lines at a time, a breath between chunks (the script's
