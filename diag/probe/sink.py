@@ -145,12 +145,18 @@ class FileSink:
                 ev = pending.popleft()
             except IndexError:
                 return out
-            out.append(self._line(ev))
             if limit > 0:
                 count = getattr(ev[0], "count", None) if type(ev) is tuple else None
-                limit -= 1 if count is None else count(ev)
+                n = 1 if count is None else count(ev)
+                if n > limit and out:
+                    pending.appendleft(ev)      # (the next chunk's: this one stays near ``limit`` lines)
+                    return out
+                limit -= n
+                out.append(self._line(ev))
                 if limit <= 0:
                     return out
+            else:
+                out.append(self._line(ev))
 
     def _flush_chunked(self) -> None:
         """The writer thread's flush: :data:`CHUNK` lines at a time, a breath between chunks (the script's
