@@ -12,7 +12,7 @@ import sys
 from types import SimpleNamespace
 
 from diag.evidence import events as E
-from diag.probe.lane import ENTRIES, Lane, build_step, quiet_lines, step_line
+from diag.probe.lane import ENTRIES, QUIET_NS, Lane, build_step, quiet_lines, step_line
 
 SKEY = "train.py:41:Net"
 
@@ -72,7 +72,7 @@ def test_flush_works_out_what_each_quiet_close_did():
     assert p._last_core_s == lane.cores[2] / 1e9 and p._last_extras_s == 0.0
     assert lane.n_site == 10 + 1 + 1 + 3 and lane.q_extra == 0
     assert lane.pend == 3        # (settle counts the steps; flush only their records)
-    assert lane.q_due == 11_004_000_000 + 100_000_000
+    assert lane.q_due == 11_004_000_000 + QUIET_NS
     # one record to the writer; its lines are step_line's, for the same events build_step makes
     assert len(deferred) == 1 and deferred[0][0] is quiet_lines
     assert quiet_lines.count(deferred[0]) == 3

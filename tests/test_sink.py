@@ -164,6 +164,43 @@ def test_os_exit_mid_run_loses_none_of_the_lanes_quiet_steps(tmp_path):
     assert sum(1 for e in steps if e.get("sampled") is False) > 100     # the lane's steps
 
 
+def test_a_script_killed_while_hung_in_c_code_loses_at_most_20_ms_of_lane_steps(tmp_path):
+    """The probe's lane keeps its quiet steps on the step's thread for up to 20 ms (QUIET_NS): a script
+    that hangs inside C code (no Python runs on its thread, so no flush) and is then killed outright
+    loses those, and nothing the writer thread had (it goes on writing while the script hangs)."""
+    import signal
+
+    script = tmp_path / "hangs.py"
+    script.write_text(textwrap.dedent("""
+        import threading, time, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), 0.1)
+        for i, (x,) in enumerate(DataLoader(TensorDataset(torch.randn(3200, 4)), batch_size=8)):
+            opt.zero_grad(); m(x).sum().backward(); opt.step()
+            time.sleep(0.004)
+            if i == 239:      # (in a run of quiet steps: 1 in 64 sampled, the next decision at 256)
+                print("hung", flush=True)
+                lock = threading.Lock(); lock.acquire(); lock.acquire()   # (waits in C for ever)
+    """))
+    events = tmp_path / "events.jsonl"
+    env = dict(os.environ, DIAG_EVENTS=str(events), DIAG_PROBE_BUDGET="0.0001%")   # (1 step in 64 sampled)
+    proc = subprocess.Popen([sys.executable, "-m", "diag.probe", str(script)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "hung"
+        time.sleep(1.0)          # (the writer thread's 0.2 s, and more)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    steps = [e for e in _lines(events) if e["kind"] == "step"]
+    idx = [e["index"] for e in steps]
+    assert idx == list(range(1, len(idx) + 1))
+    assert sum(1 for e in steps if e.get("sampled") is False) > 100     # the lane's steps
+    # steps of ~4.5 ms: 20 ms is at most 5 of them (the last decision, at step 200, is 40 steps back)
+    assert 240 - 5 <= idx[-1] <= 240, idx[-1]
+
+
 def test_the_writer_counts_a_record_of_many_steps_as_its_lines(tmp_path):
     """The writer thread holds the GIL for CHUNK lines at a time: a record of many steps (the probe's
     lane hands its quiet steps over in batches, diag.probe.lane.quiet_lines) counts as its lines."""
