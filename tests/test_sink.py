@@ -164,8 +164,8 @@ def test_os_exit_mid_run_loses_none_of_the_lanes_quiet_steps(tmp_path):
     assert sum(1 for e in steps if e.get("sampled") is False) > 100     # the lane's steps
 
 
-def test_a_script_killed_while_hung_in_c_code_loses_at_most_20_ms_of_lane_steps(tmp_path):
-    """The probe's lane keeps its quiet steps on the step's thread for up to 20 ms (QUIET_NS): a script
+def test_a_script_killed_while_hung_in_c_code_loses_at_most_0_1_s_of_lane_steps(tmp_path):
+    """The probe's lane keeps its quiet steps on the step's thread for up to 0.1 s (QUIET_NS): a script
     that hangs inside C code (no Python runs on its thread, so no flush) and is then killed outright
     loses those, and nothing the writer thread had (it goes on writing while the script hangs)."""
     import signal
@@ -197,8 +197,8 @@ def test_a_script_killed_while_hung_in_c_code_loses_at_most_20_ms_of_lane_steps(
     idx = [e["index"] for e in steps]
     assert idx == list(range(1, len(idx) + 1))
     assert sum(1 for e in steps if e.get("sampled") is False) > 100     # the lane's steps
-    # steps of ~4.5 ms: 20 ms is at most 5 of them (the last decision, at step 200, is 40 steps back)
-    assert 240 - 5 <= idx[-1] <= 240, idx[-1]
+    # steps of ~4.5 ms: 0.1 s is at most 23 of them (the last decision, at step 200, is 40 steps back)
+    assert 240 - 23 <= idx[-1] <= 240, idx[-1]
 
 
 def test_the_writer_counts_a_record_of_many_steps_as_its_lines(tmp_path):

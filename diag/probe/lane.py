@@ -65,7 +65,7 @@ from diag.probe.stepmachine import closure_of
 STREAK = 2            # plain steps on the full path, in a row, before the lane is armed
 ARM_FROM = 6          # never before this step (the probe's first steps carry its one-off work)
 CORES = 16            # the lane steps whose median probe time is the budget's core (Lane.core_ns)
-QUIET_NS = 20_000_000    # a quiet step's record waits at most this long on the step's thread (Lane.flush): what a
+QUIET_NS = 100_000_000   # a quiet step's record waits at most this long on the step's thread (Lane.flush): what a
 #                          script that hangs inside C code, and is then killed, can lose of them (the writer's
 #                          thread writes every other waiting step event while the script's thread hangs)
 ENTRIES = 5           # the lane's hook entries a step priced by the calibration (fetch, zero_grad, forward, backward,

@@ -44,7 +44,7 @@ class FileSink:
     Any other event, and
     :meth:`close`, write the waiting step events first, so the file keeps the order of emission. A
     crash that kills the process outright (SIGKILL) loses at most the last 0.2 s of step events, and
-    the probe's lane's quiet steps of the last 20 ms before it (they wait on the step's thread,
+    the probe's lane's quiet steps of the last 0.1 s before it (they wait on the step's thread,
     diag.probe.lane.QUIET_NS: those also when the script hangs inside C code and is then killed;
     ``os._exit`` and ``exec`` write them all first). Writes are ``os.write`` on an ``O_APPEND`` descriptor (no Python-level buffer a forked
     child could write a second time); a fork waits for a write in progress to end."""
