@@ -140,22 +140,31 @@ def test_a_script_that_ends_with_os_exit_loses_no_step_event(tmp_path):
     assert steps == [1, 2, 3, 4]     # all written well within FLUSH_S: only the os._exit patch saves them
 
 
-def test_os_exit_mid_run_loses_none_of_the_lanes_quiet_steps(tmp_path):
-    """The probe's lane keeps its quiet steps' clock values on the step's thread until the next decision
-    (diag.probe.lane.Lane.flush): os._exit between two of them writes them all first."""
-    script = tmp_path / "exits.py"
-    script.write_text(textwrap.dedent("""
-        import os, torch
+def _lane_loop(tmp_path, batches: int, body: str):
+    """A plain loop the probe's lane takes (a DataLoader, SGD, 1 step in 64 sampled), ``body`` run after
+    each step (indented as the loop's body, ``i`` the step's index from 0): (the script, its events'
+    path, the environment to run it under ``python -m diag.probe``)."""
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, threading, time, torch
         from torch.utils.data import DataLoader, TensorDataset
         torch.manual_seed(0)
         m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), 0.1)
-        for i, (x,) in enumerate(DataLoader(TensorDataset(torch.randn(1600, 4)), batch_size=8)):
+        for i, (x,) in enumerate(DataLoader(TensorDataset(torch.randn({batches * 8}, 4)), batch_size=8)):
             opt.zero_grad(); m(x).sum().backward(); opt.step()
-            if i == 149:
-                os._exit(0)
-    """))
+    """) + textwrap.dedent(body).replace("\n", "\n    ").rstrip() + "\n")
     events = tmp_path / "events.jsonl"
     env = dict(os.environ, DIAG_EVENTS=str(events), DIAG_PROBE_BUDGET="0.0001%")   # (1 step in 64 sampled)
+    return script, events, env
+
+
+def test_os_exit_mid_run_loses_none_of_the_lanes_quiet_steps(tmp_path):
+    """The probe's lane keeps its quiet steps' clock values on the step's thread until the next decision
+    (diag.probe.lane.Lane.flush): os._exit between two of them writes them all first."""
+    script, events, env = _lane_loop(tmp_path, 200, """
+            if i == 149:
+                os._exit(0)
+    """)
     r = subprocess.run([sys.executable, "-m", "diag.probe", str(script)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
@@ -170,21 +179,12 @@ def test_a_script_killed_while_hung_in_c_code_loses_at_most_0_1_s_of_lane_steps(
     loses those, and nothing the writer thread had (it goes on writing while the script hangs)."""
     import signal
 
-    script = tmp_path / "hangs.py"
-    script.write_text(textwrap.dedent("""
-        import threading, time, torch
-        from torch.utils.data import DataLoader, TensorDataset
-        torch.manual_seed(0)
-        m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), 0.1)
-        for i, (x,) in enumerate(DataLoader(TensorDataset(torch.randn(3200, 4)), batch_size=8)):
-            opt.zero_grad(); m(x).sum().backward(); opt.step()
+    script, events, env = _lane_loop(tmp_path, 400, """
             time.sleep(0.004)
             if i == 239:      # (in a run of quiet steps: 1 in 64 sampled, the next decision at 256)
                 print("hung", flush=True)
                 lock = threading.Lock(); lock.acquire(); lock.acquire()   # (waits in C for ever)
-    """))
-    events = tmp_path / "events.jsonl"
-    env = dict(os.environ, DIAG_EVENTS=str(events), DIAG_PROBE_BUDGET="0.0001%")   # (1 step in 64 sampled)
+    """)
     proc = subprocess.Popen([sys.executable, "-m", "diag.probe", str(script)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
