@@ -12,6 +12,7 @@ import sys
 from types import SimpleNamespace
 
 from diag.evidence import events as E
+from diag.probe.hooks import hot_first
 from diag.probe.lane import ENTRIES, QUIET_NS, Lane, build_step, quiet_lines, step_line
 
 SKEY = "train.py:41:Net"
@@ -132,6 +133,28 @@ def test_a_forked_child_writes_none_of_the_parents_steps():
     lane.qbuf = _records()[:1]
     lane.flush(p)
     assert not deferred and not written
+
+
+def test_hot_first_reorders_an_objects_attributes_and_changes_nothing_else():
+    class Obj:
+        pass
+
+    o = Obj()
+    for i in range(40):
+        setattr(o, f"a{i}", i)
+    d = o.__dict__
+    hot_first(o, ("a37", "a3", "missing", "a20"))
+    assert o.__dict__ is d                                   # the same dict, its items re-inserted
+    assert list(d)[:3] == ["a37", "a3", "a20"]
+    assert sorted(d) == sorted(f"a{i}" for i in range(40)) and all(getattr(o, f"a{i}") == i for i in range(40))
+    assert [k for k in d if k not in ("a37", "a3", "a20")] == [f"a{i}" for i in range(40) if i not in (37, 3, 20)]
+    o.late = "x"                                             # set later: at the end, as before
+    assert list(d)[-1] == "late" and not hasattr(o, "missing")
+
+
+def test_a_lane_steps_slots_come_first():
+    hot = ("on", "phase", "it_id")
+    assert Lane.__slots__[:3] == hot and len(set(Lane.__slots__)) == len(Lane.__slots__)
 
 
 def test_the_lane_imports_no_torch():

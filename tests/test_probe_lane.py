@@ -722,6 +722,17 @@ def test_lane_through_a_callback_sink(monkeypatch):
     _same(with_lane, without)
 
 
+def test_what_a_lane_step_reads_comes_first_in_the_probes_dicts(monkeypatch):
+    """diag.probe.hooks.hot_first: the probe's and the hand-over's attributes that a lane step reads, first
+    in their dicts (in a few cache lines), and the lane runs as before."""
+    from diag.probe.core import HOT
+
+    _events, probe = _run(plain, monkeypatch, lane=True, file=False)
+    assert probe._lane.steps > 10
+    assert list(vars(probe))[:len(HOT)] == list(HOT)
+    assert list(vars(probe._handover))[:3] == ["active", "_call", "steps"]
+
+
 @pytest.mark.parametrize("name", ["plain", "accumulation_fetching_first", "teacher"])
 def test_quiet_steps_flushed_at_every_step_write_the_same_evidence(name, monkeypatch):
     """The lane keeps its quiet steps' clock values and turns them into records at the next decision

@@ -41,8 +41,8 @@ from diag.probe.frames import (_LIB_CACHE, exception_info, frame_location, is_li
                                set_user_script, user_frame)
 from diag.probe import marks
 from diag.probe.handover import HandOver, handover_enabled, remove_global_hook
-from diag.probe.hooks import (DiagStop, OptimizerCensus, Patches, _never, compiling_check, inside_step, optimizer_alive,
-                              remove_hooks, run_eagerly)
+from diag.probe.hooks import (DiagStop, OptimizerCensus, Patches, _never, compiling_check, hot_first, inside_step,
+                              optimizer_alive, remove_hooks, run_eagerly)
 from diag.probe.quiet import silence_hook_warnings
 from diag.probe.models import (MAX_LAYER_SHAPES, describe_model, device_type, find_ddp, has_parameters,
                                wrappers_of)
@@ -62,6 +62,10 @@ _is_library_file = is_library_file
 _has_parameters = has_parameters
 _device_type = device_type
 _compiling = _never     # torch.compiler.is_dynamo_compiling once a probe is installed (hooks.compiling_check)
+# what the hooks read on a lane step, in the order they do: first in the probe's dict (hooks.hot_first)
+HOT = ("active", "_forked", "_lane", "depth", "in_backward", "_in_data", "_handover", "steps", "forward_start",
+       "_top_module", "_top_depth", "_seek_model", "_ext_live", "own_ns", "_last_sampled", "_site_dirty",
+       "_opt_start", "_opt_inner")
 
 
 _TorchState = TorchState   # (moved to diag.probe.tensors: the hand-over's lane path reads it too)
@@ -724,6 +728,8 @@ class Probe:
         except Exception as e:
             self.report_error("children", e)
         self._unsilence = silence_hook_warnings()   # torch.compile's warning about diag's global hooks
+        # the attributes a lane step reads, first in the probe's dict (diag.probe.hooks.hot_first)
+        hot_first(self, HOT)
         self._ext("install")
         return self
 
@@ -1689,8 +1695,10 @@ def _batch_samples(batch, tensor_cls) -> int | None:
     """A DataLoader batch's samples (``batch_samples``), its common case first: a tensor, or a list or
     tuple whose first item is one (both the lane's fetch and the full path's count it here)."""
     first = batch[0] if type(batch) in _SEQ and batch else batch
-    if type(first) is tensor_cls and first.shape:
-        return first.shape[0]
+    if type(first) is tensor_cls:
+        shape = first.shape    # (one read: each is a call into torch, ~0.1 µs warm and more after a step)
+        if shape:
+            return shape[0]
     return batch_samples(batch)
 
 

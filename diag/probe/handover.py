@@ -31,7 +31,7 @@ import time
 import warnings
 import weakref
 
-from diag.probe.hooks import _never, compiling_check, env_on, run_eagerly
+from diag.probe.hooks import _never, compiling_check, env_on, hot_first, run_eagerly
 from diag.probe.marks import (  # noqa: F401
     CALL_MARK,
     ProbeHook,
@@ -185,6 +185,9 @@ class HandOver:
         self._lifted = 0                            # inside a call that compiles or traces a module (marks.Lifted)
         self._call: tuple | None = None             # the lane's call on its model (take_call), while it is there
         self.calls_taken = 0                        # times take_call put the lane's call on a model
+        # what a lane step reads, first in this object's dict (diag.probe.hooks.hot_first)
+        hot_first(self, ("active", "_call", "steps", "next_periodic", "step_in_window", "discovering", "_pending",
+                         "outermost_forwards", "_opts"))
 
     # ---- install ------------------------------------------------------------------------------------
     def install(self, scan: bool = False) -> "HandOver":

@@ -225,13 +225,15 @@ quiet_lines.count = lambda batch: len(batch[1])     # type: ignore[attr-defined]
 class Lane:
     """The lane's state: whether it is on, what it expects (set when armed), what this step recorded."""
 
-    __slots__ = ("allowed", "on", "phase", "it_id", "rec", "info", "lid", "mref", "mid", "skey", "site_depth", "code",
-                 "lasti", "dev", "acd", "oref", "opt_id", "oinfo", "t_fetch", "dt_fetch", "f_start", "f_end", "bare_s",
-                 "b_start", "b_end", "o_start", "o_end", "samples", "tokens", "alive", "streak", "sig", "entry_ns",
+    # what a lane step reads and writes first, in the order it does (hooks.hot_first: the same for a dict)
+    __slots__ = ("on", "phase", "it_id", "rest", "pf", "nb", "wsum", "wmax", "t_fetch", "dt_fetch", "queue", "acc",
+                 "mref", "code", "lasti", "dev", "acd", "samples", "tokens", "f_start", "f_end", "bare_s",
+                 "b_start", "b_end", "oref", "o_start", "onest", "alive", "opt_id", "zg_n", "zg_ns", "zg_none",
+                 "quiet", "fast", "inclos", "qbuf", "pend", "ofw", "q_due", "cmode", "lead", "mbs", "allowed",
+                 "rec", "info", "lid", "mid", "skey", "site_depth", "oinfo", "o_end", "streak", "sig", "entry_ns",
                  "core_ns", "steps", "handed_back", "ext_ver", "lane_exts", "fwd", "fetch", "optc", "opt_plain",
-                 "quiet", "q_tot", "q_core", "cores", "pend", "n_site", "ofw", "fast", "rest", "nb", "wsum", "wmax", "zg_n", "zg_ns",
-                 "zg_none", "bid", "bref", "mbs", "queue", "lead", "acc", "cmode", "pf", "crec", "o_real", "oclos", "onest", "inclos",
-                 "call_ok", "qbuf", "q_due", "q_extra", "tid")
+                 "q_tot", "q_core", "cores", "n_site", "bid", "bref", "crec", "o_real", "oclos", "call_ok",
+                 "q_extra", "tid")
 
     def __init__(self, allowed: bool = False):
         self.allowed = allowed
