@@ -29,6 +29,10 @@ RESPAWN_INFO_SHARE = 0.01
 EVAL_MIN_STEPS = 6          # timed evaluation steps needed to judge an evaluation run's data wait
 MIN_MAIN_THREAD_GAP_S = 0.0005  # below 0.5 ms between steps nothing can be won back: a DataLoader's own
                                 # per-batch cost (iterator, collate, IPC) is of that order   # >= 1%: info
+WORKER_START_S = 0.02  # starting DataLoader worker processes, once (persistent_workers=True, as the fix says):
+                       # 36-44 ms to the first batch with num_workers=1 or 2 (fork, torch 2.13 CPU, TensorDataset,
+                       # 2-core VM, 2026-12-08) against 0.4 ms in the main process; 20 ms leaves a faster
+                       # machine its due. A run whose whole steady wait is under it cannot win workers back.
 
 
 def epoch_start_steps(steps) -> set[int]:
@@ -98,7 +102,9 @@ def dataloader_workers(ctx):
     time (RankEvidence.data_wait_share(), the one share every check reads; the warm-up steps out (docs/steps.md), and with
     workers the steps that fetched an epoch's first batch: dataloader.persistent-workers judges those).
     Warning at >= 10% of step time, error at >= 30% when it holds on three steps in four; info with
-    fewer than 3 timed steps (a first batch's one-off cost cannot be told from a steady wait). Passes when the wait is negligible (under 10%,
+    fewer than 3 timed steps (a first batch's one-off cost cannot be told from a steady wait), and info when
+    the whole run's steady wait (per-step wait x batches) is under 20 ms, what starting worker processes
+    takes at the least (a short run cannot win them back; its share flips with load). Passes when the wait is negligible (under 10%,
     or under 0.5 ms per step: a worker's hand-over costs about that), even with num_workers=0. Recommends a num_workers from the measured per-batch fetch time (f = wait with 0
     workers; f = w x (compute + wait) with w workers), sized for 1.5x the compute rate and capped at
     the usable CPUs minus one, and predicts the step time after it. On a CPU-only run the workers share
@@ -183,6 +189,13 @@ def dataloader_workers(ctx):
     few = n < MIN_STEADY
     if few:
         sev = Severity.INFO     # a first batch's one-off cost (worker start, a cold read) weighs as much as the rest
+    # the whole run's steady wait against what starting the workers costs: a short run (4 batches of 0.5 ms)
+    # loses less to the wait than a worker's start takes, whatever the share says (and its share flips with load)
+    at_stake = wait * max(loader.batches, n)
+    numbers["run_wait_at_stake_s"] = round(at_stake, 6)
+    short_run = a["helps"] and at_stake < WORKER_START_S
+    if short_run:
+        sev = Severity.INFO
     fix, snippet = a["fix"], a["snippet"]
     site, fl = fix_site(ev, loader)      # the DataLoader(...) call, or the script's own --num-workers flag
     if fl and a["helps"]:
@@ -196,7 +209,10 @@ def dataloader_workers(ctx):
                 + (f" During the run {contention_words(contention)}: the wait is the machine's load as much as "
                    "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else "")
                 + (f" Only {n} step(s) were timed: too few to tell a steady wait from the first batches' one-off "
-                   "cost; run more steps to confirm." if few else ""),
+                   "cost; run more steps to confirm." if few else "")
+                + (f" Over this run's {max(loader.batches, n)} batches that is {ms(at_stake)} in all, less than "
+                   f"starting worker processes takes (~{ms(WORKER_START_S)} or more): in a run this short workers "
+                   "cannot pay for themselves; judge a run with more batches." if short_run and not few else ""),
         evidence=numbers,
         why="While the main process fetches and collates the next batch, the model does nothing; "
             "this time is lost on every step.",
