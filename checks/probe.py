@@ -4,6 +4,26 @@ from __future__ import annotations
 from diag.evidence import probe as probe_cost
 from diag.checks.api import Severity, check
 
+from ._framework import framework_of, words
+
+# what makes each step do more work, where the framework runs the loop (the batch is its own argument)
+BATCH_WORDS = {"transformers": "a larger TrainingArguments(per_device_train_batch_size=...)",
+               "lightning": "a larger batch_size on the training DataLoader (the one trainer.fit() gets or "
+                            "train_dataloader() returns)",
+               "accelerate": "a larger batch_size on the DataLoader you pass to accelerator.prepare()"}
+
+
+def more_work(ev) -> str:
+    """'a larger batch, or gradient accumulation (...)' in the words of the framework that ran the loop."""
+    fw = framework_of(ev)
+    if fw not in BATCH_WORDS:
+        return probe_cost.MORE_WORK
+    fix, _, _ = words(ev, "train.accumulation", n="N")
+    fix = fix.rstrip(".")
+    if fix.split()[0].isalpha():          # "Construct the Trainer ...", not "Accelerator(...)"
+        fix = fix[0].lower() + fix[1:]
+    return f"{BATCH_WORDS[fw]}, or gradient accumulation: {fix}"
+
 
 @check(id="probe.overhead", title="diag's probe took a visible share of the step", severity="warning",
        needs=["ranks.steps", "ranks.probe"], tags=["diag", "performance"], docs="docs/performance.md")
@@ -13,7 +33,9 @@ def probe_overhead(ctx):
     cost. Above 2% of the step on three steps in four (the lower quartile; an info when only the median
     is), verdicts that turn on a few percent of the step (data wait, host
     overhead, optimizer share) are less reliable in this run; the finding names the largest part of
-    the probe's time and how to switch it off."""
+    the probe's time and how to switch it off, and says what makes each step do more work (a larger batch,
+    gradient accumulation) in the words of the framework that ran the loop (Lightning's Trainer, the
+    Hugging Face Trainer, accelerate)."""
     s = probe_cost.of_evidence(ctx.evidence)
     if s is None:
         yield ctx.skip(f"Fewer than {probe_cost.MIN_STEPS} timed steps after the probe's first "
@@ -39,5 +61,5 @@ def probe_overhead(ctx):
         evidence=evidence,
         why="The probe runs inside the training process: its own work lengthens each step, so shares of "
             "the step it reports (data wait, host-side overhead) include some of its own time.",
-        fix=probe_cost.lighten(s),
+        fix=probe_cost.lighten(s, more_work(ctx.evidence)),
     )

@@ -1,6 +1,8 @@
 """Issue 20: the probe's own cost, from Evidence (diag/evidence/probe.py, torch-free)."""
 from __future__ import annotations
 
+import pytest
+
 from diag.evidence import probe as probe_cost
 
 
@@ -238,3 +240,26 @@ def test_the_probe_reports_its_parts_from_step_5_and_its_run_start_and_end_apart
     assert set(cost["by_part_steady"]) >= {"hooks", "sink", "estimated"}
     assert cost["once_s"]["Once"] >= 0.009                    # its on_exit, outside the steps
     assert cost["by_part"].get("Once", 0.0) < 0.001            # and not in the per-step parts
+
+
+@pytest.mark.parametrize("framework,words", [
+    (None, "(a larger batch, gradient accumulation)"),
+    ("lightning", "batch_size on the training DataLoader (the one trainer.fit() gets or train_dataloader() "
+                  "returns), or gradient accumulation: construct the Trainer with accumulate_grad_batches=N)"),
+    ("transformers", "per_device_train_batch_size=...), or gradient accumulation: set "
+                     "TrainingArguments(gradient_accumulation_steps=N))"),
+    ("accelerate", "accelerator.prepare(), or gradient accumulation: Accelerator(gradient_accumulation_steps=N) and "
+                   "the step under accelerator.accumulate(model))"),
+])
+def test_the_fix_says_more_work_a_step_in_the_words_of_the_framework_that_ran_the_loop(framework, words):
+    # a Lightning user's probe.overhead said "gradient accumulation", not Trainer(accumulate_grad_batches=...)
+    from diag.checks.probe import probe_overhead
+    from diag.evidence.evaluation import FrameworkInfo
+
+    ev = _evidence(150e-6, 3e-3)
+    ev.primary.probe.by_part = {"hooks": 1e-3, "sink": 1e-4}
+    if framework:
+        ev.primary.framework = FrameworkInfo(name=framework, version="1", entry=None)
+    [f] = probe_overhead(ev)
+    assert f.severity.value == "warning"
+    assert "probe's hooks" in f.fix and words in f.fix, f.fix

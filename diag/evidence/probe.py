@@ -142,8 +142,13 @@ def short_headline(summary: dict | None) -> str | None:
             f"({_dur(summary['median_probe_s'])} of {_dur(summary['median_step_s'])}; a lower bound)")
 
 
-def lighten(summary: dict) -> str:
-    """How to make the probe lighter: the largest part of its time, and the switch for it."""
+MORE_WORK = "a larger batch, gradient accumulation"
+
+
+def lighten(summary: dict, more_work: str = MORE_WORK) -> str:
+    """How to make the probe lighter: the largest part of its time, and the switch for it.
+    ``more_work``: what makes each step do more work, in the words of the framework that ran the loop
+    (checks/probe.py passes Lightning's, the Trainer's or accelerate's)."""
     parts = dict(summary.get("by_part_steady") or summary.get("by_part") or {})
     if not parts:
         return ("Rerun with fewer probe extensions (DIAG_PROBE_DISABLE=perfprobe,memoryprobe,"
@@ -154,15 +159,14 @@ def lighten(summary: dict) -> str:
     if name == "estimated":
         return (f"The largest part is torch's dispatch of the probe's hooks ({share}, estimated): one hooked "
                 "forward and one backward callback a step, or discovery windows that put a global hook on every "
-                "module call; steps that do more work each (a larger batch, gradient accumulation) lower the "
-                "share.")
+                f"module call; steps that do more work each ({more_work}) lower the share.")
     if name in _DISABLE_NAMES or name not in ("hooks", "sink"):
         env = _DISABLE_NAMES.get(name, name.lower())
         return (f"The largest part is the {name} extension ({share}): rerun with DIAG_PROBE_DISABLE={env} "
                 f"to turn it off (its checks are then skipped).")
     if name == "sink":
         return (f"The largest part is writing events ({share}): a run with very many short steps writes one "
-                "event per step; a longer step (more work per step) lowers the share.")
+                f"event per step; steps that do more work each ({more_work}) lower the share.")
     windows = summary.get("window_reasons") or {}
     if windows and sum(windows.values()) > 8:
         top = max(windows.items(), key=lambda kv: kv[1])
@@ -174,8 +178,8 @@ def lighten(summary: dict) -> str:
     fixed = f" (~{_dur(per_step)} a step)" if per_step else ""
     on = f" on a {_dur(step)} step" if step else ""
     return (f"The largest part is the probe's hooks ({share}): its fixed per-step work{fixed} does not grow "
-            f"with the model but is a visible share{on}; steps that do more work each (a larger batch, "
-            "gradient accumulation) lower the share, and DIAG_PROBE_DISABLE=perfprobe,memoryprobe,"
+            f"with the model but is a visible share{on}; steps that do more work each ({more_work}) lower "
+            "the share, and DIAG_PROBE_DISABLE=perfprobe,memoryprobe,"
             "distributedprobe,flopcounter turns the extensions off one by one.")
 
 
