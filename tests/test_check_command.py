@@ -24,8 +24,9 @@ def test_demo_planted_and_clean(diag_cli):
     found = {f["id"] for f in r.json()["findings"] if f["severity"] in ("error", "warning", "info")}
     assert {"dataloader.workers", "eval.no-grad"} <= found
     r = diag_cli("demo", "--clean", "--format", "json", "--fail-on", "warning", "--", "--epochs", "1")
-    # probe.overhead judges diag itself on this machine (its per-step constant is ~5% of the clean
-    # twin's ~10 ms step on the loaded VM), not the script: the script's checks must all be clean
+    # probe.overhead judges diag itself on this machine (its per-step constant is 3-5% of the clean
+    # twin's 3-10 ms step on the loaded VM), not the script: an info there, a warning only past 10% of
+    # the step on three steps in four; the script's checks must all be clean
     bad = [f for f in r.json()["findings"] if f["severity"] in ("error", "warning", "crashed")
            and f["id"] != "probe.overhead"]
     assert bad == []

@@ -121,7 +121,7 @@ def test_demo_shows_four_different_findings_and_clean_twin_is_clean(reports):
     rep = reports("demo-clean")
     # probe.overhead judges diag, not the script: the probe's share of the clean twin's ~10 ms step
     # depends on the machine's load (5.8% measured on the loaded 2-core VM); it must still be judged
-    assert sev_of(rep, "probe.overhead")[0] in ("pass", "warning")
+    assert sev_of(rep, "probe.overhead")[0] in ("pass", "info", "warning")
     bad = [(f["id"], f["message"]) for f in rep["findings"]
            if f["severity"] in WARN_UP + ("crashed",) and f["id"] != "probe.overhead"]
     assert bad == []

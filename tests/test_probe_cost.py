@@ -68,14 +68,24 @@ def test_the_fold_keeps_probe_s_and_the_probe_section_and_the_check_passes_under
     assert f.message.startswith("diag's probe took 0.4% of the median step (12 µs of 3.0 ms; a lower bound")
 
 
-def test_the_check_warns_above_2_percent_and_names_the_extension_to_turn_off():
+def test_the_check_states_a_share_above_2_percent_as_info_and_names_the_extension_to_turn_off():
+    # a caveat about diag, not a fault of the job: the clean demo's 3.6% failed `--fail-on warning`
     from diag.checks.probe import probe_overhead
 
     [f] = probe_overhead(_evidence(150e-6, 3e-3))
-    assert f.severity.value == "warning"
-    assert "5.0% of the median step" in f.message
+    assert f.severity.value == "info"
+    assert "5.0% of the median step" in f.message and "less reliable" in f.message
     assert "DIAG_PROBE_DISABLE=perfprobe" in f.fix
     assert f.evidence["median_step_share"] > 0.02
+
+
+def test_the_check_warns_when_the_probes_share_reaches_the_other_checks_10_percent_lines():
+    from diag.checks.probe import probe_overhead
+
+    [f] = probe_overhead(_evidence(600e-6, 3e-3))
+    assert f.severity.value == "warning"
+    assert "20.0% of the median step" in f.message
+    assert f.evidence["q1_step_share"] > 0.10
 
 
 def test_a_share_near_the_line_is_an_info_not_a_warning_that_flaps():
@@ -261,5 +271,5 @@ def test_the_fix_says_more_work_a_step_in_the_words_of_the_framework_that_ran_th
     if framework:
         ev.primary.framework = FrameworkInfo(name=framework, version="1", entry=None)
     [f] = probe_overhead(ev)
-    assert f.severity.value == "warning"
+    assert f.severity.value == "info"
     assert "probe's hooks" in f.fix and words in f.fix, f.fix

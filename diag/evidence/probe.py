@@ -2,7 +2,7 @@
 probe's own time is ``StepRecord.probe_s``; this section is the run's total by part, written when the
 script ends. The functions below give the share of the median step (:func:`of_evidence`), the
 sentence every report states (:func:`headline`) and how to lighten the probe (:func:`lighten`); the
-check ``probe.overhead`` warns above :data:`WARN_SHARE`."""
+check ``probe.overhead`` states it above :data:`WARN_SHARE` and warns above :data:`LOUD_SHARE`."""
 from __future__ import annotations
 
 import statistics
@@ -32,7 +32,10 @@ class ProbeSection(Section):
     sampling: dict[str, Any] | None = None  # the cost budget's sampling of per-step extras (diag.probe.budget): budget (share of the median step; 0: off), period (the probe's extras ran on 1 step in period), rate (1/period), first (steps always sampled at the start), floor (the longest period), steps and sampled (steps fed to the budget, and sampled, at the end), changes [{step, period, step_s, core_s (the core as the budget priced it), core_timed_s (as the probe's timers saw it), extras_s, reason}] (the newest 100)
 
 
-WARN_SHARE = 0.02     # above this the probe's own time may move verdicts that turn on a few percent
+WARN_SHARE = 0.02     # above this the probe's own time may move verdicts that turn on a few percent (info)
+LOUD_SHARE = 0.10     # above this on three steps in four: a warning (the probe's time alone reaches the 10% lines
+                      # of dataloader.workers and the host-overhead checks). Between the two it is a caveat about
+                      # diag, not a fault of the job: a warning there failed `--fail-on warning` on a clean script
 
 # extension class name -> the lower-case name DIAG_PROBE_DISABLE takes (diag/probe/extensions.py)
 _DISABLE_NAMES = {"PerfProbe": "perfprobe", "DistributedProbe": "distributedprobe", "FlopCounter": "flopcounter",
