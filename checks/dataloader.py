@@ -92,6 +92,21 @@ def steady_fetch(loader) -> tuple[float | None, float | None]:
     return steady, first
 
 
+def run_batches(ev, loader, steps: int) -> int | None:
+    """The batches the loader serves in the script's run: those fetched, when the script ended by itself; when
+    it was cut (diag's --steps or --max-time, an interrupt) or still runs, at least a whole epoch
+    (len(dataset) / batch_size), or None when the loader cannot tell its epoch (the script's own run goes
+    on past what was observed)."""
+    fetched = max(loader.batches, steps)
+    if ev.run.status in ("completed", "failed", "oom"):     # the script ended by itself: its run is what it is
+        return fetched
+    if loader.iterable_dataset or not loader.dataset_len or not loader.batch_size:
+        return None
+    per_epoch = loader.dataset_len // loader.batch_size if loader.drop_last else \
+        -(-loader.dataset_len // loader.batch_size)
+    return max(fetched, per_epoch)
+
+
 @check(id="dataloader.workers", title="Training waits for data", severity="warning",
        needs=["ranks.steps", "ranks.dataloaders", "environment.cpu_count"], tags=["data"],
        docs=guide("enable-asynchronous-data-loading-and-augmentation"))
@@ -103,8 +118,9 @@ def dataloader_workers(ctx):
     workers the steps that fetched an epoch's first batch: dataloader.persistent-workers judges those).
     Warning at >= 10% of step time, error at >= 30% when it holds on three steps in four; info with
     fewer than 3 timed steps (a first batch's one-off cost cannot be told from a steady wait), and info when
-    the whole run's steady wait (per-step wait x batches) is under 20 ms, what starting worker processes
-    takes at the least (a short run cannot win them back; its share flips with load). Passes when the wait is negligible (under 10%,
+    the whole run's steady wait (per-step wait x batches; a run diag cut counts a whole epoch at least) is
+    under 20 ms, what starting worker processes takes at the least (a short run cannot win them back; its
+    share flips with load). Passes when the wait is negligible (under 10%,
     or under 0.5 ms per step: a worker's hand-over costs about that), even with num_workers=0. Recommends a num_workers from the measured per-batch fetch time (f = wait with 0
     workers; f = w x (compute + wait) with w workers), sized for 1.5x the compute rate and capped at
     the usable CPUs minus one, and predicts the step time after it. On a CPU-only run the workers share
@@ -191,9 +207,10 @@ def dataloader_workers(ctx):
         sev = Severity.INFO     # a first batch's one-off cost (worker start, a cold read) weighs as much as the rest
     # the whole run's steady wait against what starting the workers costs: a short run (4 batches of 0.5 ms)
     # loses less to the wait than a worker's start takes, whatever the share says (and its share flips with load)
-    at_stake = wait * max(loader.batches, n)
-    numbers["run_wait_at_stake_s"] = round(at_stake, 6)
-    short_run = a["helps"] and at_stake < WORKER_START_S
+    batches = run_batches(ev, loader, n)
+    at_stake = wait * batches if batches is not None else None
+    numbers["run_wait_at_stake_s"] = round(at_stake, 6) if at_stake is not None else None
+    short_run = a["helps"] and at_stake is not None and at_stake < WORKER_START_S
     if short_run:
         sev = Severity.INFO
     fix, snippet = a["fix"], a["snippet"]
@@ -210,7 +227,7 @@ def dataloader_workers(ctx):
                    "the pipeline's, and a worker count will not help." if a["why_not"] == "contended" else "")
                 + (f" Only {n} step(s) were timed: too few to tell a steady wait from the first batches' one-off "
                    "cost; run more steps to confirm." if few else "")
-                + (f" Over this run's {max(loader.batches, n)} batches that is {ms(at_stake)} in all, less than "
+                + (f" Over this run's {batches} batches that is {ms(at_stake or 0.0)} in all, less than "
                    f"starting worker processes takes (~{ms(WORKER_START_S)} or more): in a run this short workers "
                    "cannot pay for themselves; judge a run with more batches." if short_run and not few else ""),
         evidence=numbers,

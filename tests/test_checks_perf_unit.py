@@ -417,7 +417,21 @@ def test_dataloader_workers_on_a_run_too_short_to_pay_for_a_worker_is_info(batch
     # line with the machine's load: not a warning. The same wait over 200 batches is one.
     ev = cpu_run(n=min(batches, 20), total=0.003, data=0.0008, fwd=0.0005, bwd=0.001, opt=0.0003,
                  loaders=[DataLoaderInfo(id=1, num_workers=0, batches=batches, batch_size=64)])
+    ev.run.status = "completed"
     (f,) = [f for f in run("dataloader.workers", ev) if f.severity is not Severity.PASS]
     assert f.severity is expected, f.message
     assert ("cannot pay for themselves" in f.message) is (expected is Severity.INFO)
     assert f.evidence["run_wait_at_stake_s"] == pytest.approx(0.0008 * batches, rel=0.01)
+
+
+@pytest.mark.parametrize("dataset_len,expected", [(256, Severity.INFO), (64 * 200, Severity.WARNING),
+                                                  (None, Severity.WARNING)])
+def test_a_run_diag_stopped_is_judged_on_a_whole_epoch_not_on_the_batches_it_saw(dataset_len, expected):
+    # `diag check --steps 4` cut the script: its own run goes on, at least to the epoch's end
+    ev = cpu_run(n=4, total=0.003, data=0.0008, fwd=0.0005, bwd=0.001, opt=0.0003,
+                 loaders=[DataLoaderInfo(id=1, num_workers=0, batches=4, batch_size=64, dataset_len=dataset_len)])
+    ev.run.status, ev.run.stop_reason = "stopped", "--steps 4 reached"
+    (f,) = [f for f in run("dataloader.workers", ev) if f.severity is not Severity.PASS]
+    assert f.severity is expected, f.message
+    at_stake = f.evidence["run_wait_at_stake_s"]
+    assert at_stake == (None if dataset_len is None else pytest.approx(0.0008 * max(4, dataset_len // 64)))
