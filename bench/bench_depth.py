@@ -114,6 +114,8 @@ def steady_row(st: dict, calls: int) -> dict:
         out[f"{part}_pct"] = round(100 * v / base, 2)
         out[f"{part}_chunk_iqr_pct"] = [round(100 * q[0], 2), round(100 * q[2], 2)]
         out[f"{part}_median_us"] = round(1e6 * st["median_s"][part], 1)
+        if st.get("mean_s"):
+            out[f"{part}_mean_us"] = round(1e6 * st["mean_s"][part], 2)
     return out
 
 

@@ -41,8 +41,10 @@ def test_depth_bench_quick_mode_measures_both_sides_and_the_probe_really_ran():
         for part in ("work", "floor", "total"):
             lo, hi = st[f"{part}_chunk_iqr_pct"]
             assert lo <= hi
-        # work + floor = total (trimmed means of the same cycles: equal up to the trimming)
-        assert abs(st["work_us"] + st["floor_us"] - st["total_us"]) <= 0.5 * abs(st["total_us"]) + 20
+        # work + floor = total over the same cycles: exactly for the plain means (the trimmed headline drops
+        # each series' own extremes, and on a loaded machine those are different cycles: -280 + 248 against
+        # 24 µs in a clean-clone suite, so only the plain means can be held to it)
+        assert abs(st["work_mean_us"] + st["floor_mean_us"] - st["total_mean_us"]) <= 0.05
     assert isinstance(bench_depth.per_call_slope(res), float)
 
 

@@ -324,6 +324,9 @@ def steady(model, loader, opt, pairs: int, warmup: int, tmp: str, chunks: int = 
             "work_s": trimmed_mean(work), "floor_s": trimmed_mean(floor), "total_s": trimmed_mean(total),
             "median_s": {"work": statistics.median(work), "floor": statistics.median(floor),
                          "total": statistics.median(total)},
+            # plain means: work + floor = total exactly (the same cycles), whatever the machine's load
+            "mean_s": {"work": statistics.fmean(work), "floor": statistics.fmean(floor),
+                       "total": statistics.fmean(total)},
             "chunk_means_s": {"work": chunked(work), "floor": chunked(floor), "total": chunked(total)},
             "self_reported_s": statistics.median(own) if own else None,
             "windows": len(ho.windows) if ho is not None else 0}
